@@ -1,0 +1,153 @@
+package collector
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
+)
+
+const namespace = "sglang_watchdog"
+
+// SnapshotFunc returns the state to export; *watchdog.Watchdog.Snapshot
+// fits.
+type SnapshotFunc func() watchdog.Snapshot
+
+// Exporter is a prometheus.Collector that builds every watchdog metric at
+// scrape time from one snapshot. It never sets a metric from the loop.
+type Exporter struct {
+	snapshot SnapshotFunc
+
+	scrapeSuccess, scrapeDuration, scrapeFailures                 *prometheus.Desc
+	queueRequests, inflightRequests, oldestAge, ageHist, stuck    *prometheus.Desc
+	gaugePinned, gaugeUnchanged, sinceProgress, loopStall, wedged *prometheus.Desc
+	forceFails, skips, mode, tracked, limitHits, lastCycle        *prometheus.Desc
+	webhook                                                       *prometheus.Desc
+}
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(namespace, "", name), help, labels, nil)
+}
+
+// NewExporter returns an exporter over snapshot.
+func NewExporter(snapshot SnapshotFunc) *Exporter {
+	rank := []string{"dp_rank", "pp_rank"}
+	return &Exporter{
+		snapshot:       snapshot,
+		scrapeSuccess:  desc("scrape_success", "1 if the last read of this source (SGLang /metrics or a plugin listing) succeeded, 0 if it failed.", "source", "target"),
+		scrapeDuration: desc("scrape_duration_seconds", "Duration of the last read of this source.", "source", "target"),
+		scrapeFailures: desc("scrape_failures_total", "Reads of this source that failed: HTTP error, timeout, oversized or malformed body.", "source", "target"),
+		queueRequests: desc("queue_requests", "Requests in a prefill/decode disaggregation queue of one scheduler rank, as last read from SGLang /metrics or the plugin listing.",
+			"source", "queue", "dp_rank", "pp_rank", "tp_rank"),
+		inflightRequests: desc("inflight_requests", "Requests in the prefill inflight queue (KV cache transfer pending) by the plugin's last observed KVPoll state.", append(rank, "poll")...),
+		oldestAge:        desc("inflight_oldest_age_seconds", "Age of the oldest request in the prefill inflight queue; 0 when the queue is empty.", rank...),
+		ageHist:          desc("inflight_age_seconds", "Time requests spent in the prefill inflight queue, observed when each one left the plugin listing.", rank...),
+		stuck: desc("stuck_requests", "Inflight requests older than the deadline whose poll state and progress have not changed for the stall window while the scheduler loop kept running.",
+			rank...),
+		gaugePinned: desc("queue_pinned", "1 if this SGLang queue gauge has been non-zero and unchanged for the pin window while no SGLang progress counter moved.",
+			"queue", "dp_rank", "pp_rank", "tp_rank"),
+		gaugeUnchanged: desc("queue_unchanged_seconds", "Seconds since this SGLang queue gauge last changed value or was first seen.", "queue", "dp_rank", "pp_rank", "tp_rank"),
+		sinceProgress:  desc("seconds_since_progress", "Seconds since any SGLang progress counter (transfer failures, completed KV transfers, prompt tokens, requests, realtime tokens) last moved."),
+		loopStall:      desc("scheduler_loop_stall_seconds", "Seconds since the scheduler loop counter reported by the plugin last advanced. Normal while the inflight queue is empty.", rank...),
+		wedged:         desc("scheduler_wedged", "1 if the inflight queue holds requests and the scheduler loop has not advanced for the stall window; nothing is force-failed on such a rank.", rank...),
+		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error) and by what triggered them (auto, alert).",
+			"result", "trigger"),
+		skips:     desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down); each request counts once per reason.", "reason"),
+		mode:      desc("force_fail_mode", "1 for the current force-fail mode (off, dry-run, auto), 0 for the others.", "mode"),
+		tracked:   desc("tracked_rooms", "Inflight requests the watchdog currently remembers."),
+		limitHits: desc("room_limit_hits_total", "Listings that held more rooms than the room limit; the excess was not tracked and is never acted on."),
+		lastCycle: desc("last_cycle_duration_seconds", "Duration of the last watch cycle: listing reads, decisions and admin calls."),
+		webhook:   desc("alert_webhook_requests_total", "Alertmanager webhook deliveries by result (accepted, ignored, bad_request, disabled).", "result"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		e.scrapeSuccess, e.scrapeDuration, e.scrapeFailures, e.queueRequests, e.inflightRequests, e.oldestAge,
+		e.ageHist, e.stuck, e.gaugePinned, e.gaugeUnchanged, e.sinceProgress, e.loopStall, e.wedged,
+		e.forceFails, e.skips, e.mode, e.tracked, e.limitHits, e.lastCycle, e.webhook,
+	} {
+		ch <- d
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Collect implements prometheus.Collector.
+func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
+	s := e.snapshot()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+
+	for _, src := range s.Sources {
+		gauge(e.scrapeSuccess, boolValue(src.Up), src.Source, src.Target)
+		gauge(e.scrapeDuration, src.Duration.Seconds(), src.Source, src.Target)
+		counter(e.scrapeFailures, float64(src.Failures), src.Source, src.Target)
+	}
+
+	buckets := watchdog.AgeBuckets()
+	seenRank := map[[2]int]bool{}
+	for _, r := range s.Ranks {
+		// Two URLs that reach the same rank would export clashing series.
+		if seenRank[[2]int{r.DPRank, r.PPRank}] {
+			continue
+		}
+		seenRank[[2]int{r.DPRank, r.PPRank}] = true
+		dp, pp, tp := strconv.Itoa(r.DPRank), strconv.Itoa(r.PPRank), strconv.Itoa(r.TPRank)
+		gauge(e.queueRequests, float64(r.Queues.Inflight), "plugin", watchdog.QueuePrefillInflight, dp, pp, tp)
+		gauge(e.queueRequests, float64(r.Queues.Bootstrap), "plugin", watchdog.QueuePrefillBootstrap, dp, pp, tp)
+		gauge(e.queueRequests, float64(r.Queues.Waiting), "plugin", watchdog.QueuePrefillWaiting, dp, pp, tp)
+		for _, p := range pluginapi.PollStates {
+			gauge(e.inflightRequests, float64(r.ByPoll[p]), dp, pp, p)
+		}
+		gauge(e.oldestAge, r.OldestAge, dp, pp)
+		gauge(e.stuck, float64(r.Stuck), dp, pp)
+		gauge(e.loopStall, r.LoopStall.Seconds(), dp, pp)
+		gauge(e.wedged, boolValue(r.Wedged), dp, pp)
+		cum := make(map[float64]uint64, len(buckets))
+		for i, b := range buckets {
+			cum[b] = r.AgeBuckets[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(e.ageHist, r.AgeCount, r.AgeSum, cum, dp, pp)
+	}
+
+	if s.MetricsSampled {
+		gauge(e.sinceProgress, s.SinceProgress.Seconds())
+	}
+	for _, g := range s.Gauges {
+		k := g.Key
+		gauge(e.queueRequests, g.Value, "metrics", k.Queue, k.DP, k.PP, k.TP)
+		gauge(e.gaugePinned, boolValue(g.Pinned), k.Queue, k.DP, k.PP, k.TP)
+		gauge(e.gaugeUnchanged, g.Unchanged.Seconds(), k.Queue, k.DP, k.PP, k.TP)
+	}
+
+	for _, res := range watchdog.Results {
+		for _, tr := range watchdog.Triggers {
+			counter(e.forceFails, float64(s.ForceFails[[2]string{res, tr}]), res, tr)
+		}
+	}
+	for _, r := range watchdog.SkipReasons {
+		counter(e.skips, float64(s.Skips[r]), r)
+	}
+	for _, m := range watchdog.Modes {
+		gauge(e.mode, boolValue(m == s.Mode), string(m))
+	}
+	gauge(e.tracked, float64(s.TrackedRooms))
+	counter(e.limitHits, float64(s.RoomLimitHits))
+	gauge(e.lastCycle, s.LastCycle.Seconds())
+	for _, r := range watchdog.WebhookResults {
+		counter(e.webhook, float64(s.Webhook[r]), r)
+	}
+}

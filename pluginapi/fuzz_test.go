@@ -1,0 +1,34 @@
+package pluginapi
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// FuzzDecodeListing feeds arbitrary bodies to the listing decoder. It must
+// never panic, and every listing it accepts must satisfy the rules the
+// watchdog relies on.
+func FuzzDecodeListing(f *testing.F) {
+	f.Add([]byte(exampleListing))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","bootstrap_room":18446744073709551615,"poll":"Failed","age_seconds":0,"progress":-1}]}`))
+	f.Add([]byte(`{"api_version":2}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		l, err := DecodeListing(body)
+		if err != nil {
+			return
+		}
+		if l.APIVersion != APIVersion || l.Inflight == nil {
+			t.Fatalf("accepted listing without version or inflight: %+v", l)
+		}
+		for i, r := range l.Inflight {
+			if r.RID == "" || !validPoll[r.Poll] || !(r.AgeSeconds >= 0) || r.Progress < -1 {
+				t.Fatalf("accepted invalid room %d: %+v", i, r)
+			}
+		}
+		if _, err := json.Marshal(l); err != nil {
+			t.Fatalf("accepted listing cannot be re-encoded: %v", err)
+		}
+	})
+}

@@ -1,0 +1,148 @@
+package watchdog
+
+import (
+	"sort"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// Snapshot is a consistent copy of what the exported metrics show. It holds
+// aggregates only, so that building it costs little even with many rooms.
+type Snapshot struct {
+	Mode    Mode
+	Sources []SourceStatus
+	Ranks   []RankSnapshot
+	Gauges  []GaugeSnapshot
+	// MetricsSampled is false until SGLang's /metrics was read once.
+	MetricsSampled bool
+	SinceProgress  time.Duration
+
+	ForceFails    map[[2]string]uint64 // [result, trigger], every pair present
+	Skips         map[string]uint64    // every reason present
+	Webhook       map[string]uint64
+	TrackedRooms  int
+	RoomLimitHits uint64
+	LastCycle     time.Duration
+}
+
+// SourceStatus is the health of one source. Source is "metrics" or "plugin".
+type SourceStatus struct {
+	Source, Target string
+	Up             bool
+	Duration       time.Duration
+	Failures       uint64
+}
+
+// RankSnapshot is one plugin rank, present once its listing succeeded.
+type RankSnapshot struct {
+	DPRank, PPRank, TPRank int
+	Queues                 pluginapi.Queues
+	ByPoll                 map[string]int // every poll state present
+	OldestAge              float64
+	Stuck                  int
+	LoopStall              time.Duration
+	Wedged                 bool
+	AgeBuckets             []uint64 // cumulative, per ageBuckets
+	AgeCount               uint64
+	AgeSum                 float64
+}
+
+// GaugeSnapshot is one SGLang queue gauge.
+type GaugeSnapshot struct {
+	Key       GaugeKey
+	Value     float64
+	Unchanged time.Duration
+	Pinned    bool
+}
+
+// AgeBuckets returns the upper bounds of the inflight age histogram.
+func AgeBuckets() []float64 { return append([]float64(nil), ageBuckets...) }
+
+// Snapshot copies the current state.
+func (w *Watchdog) Snapshot() Snapshot {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := w.clock.Now()
+	s := Snapshot{
+		Mode:          w.mode,
+		ForceFails:    map[[2]string]uint64{},
+		Skips:         map[string]uint64{},
+		Webhook:       map[string]uint64{},
+		TrackedRooms:  w.tracked,
+		RoomLimitHits: w.limits,
+		LastCycle:     w.lastCycle,
+	}
+	for _, res := range Results {
+		for _, tr := range Triggers {
+			s.ForceFails[[2]string{res, tr}] = w.forceFails[[2]string{res, tr}]
+		}
+	}
+	for _, r := range SkipReasons {
+		s.Skips[r] = w.skips[r]
+	}
+	for k, v := range w.webhook {
+		s.Webhook[k] = v
+	}
+	if m := w.metrics; m != nil && m.status.seen {
+		s.Sources = append(s.Sources, sourceStatus("metrics", &m.status))
+	}
+	if m := w.metrics; m != nil && m.sampled {
+		s.MetricsSampled = true
+		s.SinceProgress = now.Sub(m.lastProgress)
+		for k, g := range m.gauges {
+			s.Gauges = append(s.Gauges, GaugeSnapshot{Key: k, Value: g.value, Unchanged: now.Sub(g.lastChange), Pinned: gaugePinned(g, m, now, &w.cfg)})
+		}
+		sort.Slice(s.Gauges, func(i, j int) bool { return lessGauge(s.Gauges[i].Key, s.Gauges[j].Key) })
+	}
+	for _, rk := range w.ranks {
+		if rk.status.seen {
+			s.Sources = append(s.Sources, sourceStatus("plugin", &rk.status))
+		}
+		if !rk.listed {
+			continue
+		}
+		rs := RankSnapshot{
+			DPRank: rk.dpLabel, PPRank: rk.ppLabel, TPRank: rk.server.TPRank,
+			Queues: rk.queues, ByPoll: map[string]int{}, OldestAge: rk.oldest, Stuck: rk.stuck,
+			LoopStall: now.Sub(rk.loopAdvancedAt), Wedged: rk.wedged,
+			AgeBuckets: make([]uint64, len(ageBuckets)), AgeCount: rk.hist.count, AgeSum: rk.hist.sum,
+		}
+		for _, p := range pluginapi.PollStates {
+			rs.ByPoll[p] = rk.byPoll[p]
+		}
+		var cum uint64
+		for i := range ageBuckets {
+			if rk.hist.counts != nil {
+				cum += rk.hist.counts[i]
+			}
+			rs.AgeBuckets[i] = cum
+		}
+		s.Ranks = append(s.Ranks, rs)
+	}
+	return s
+}
+
+func sourceStatus(source string, st *sourceState) SourceStatus {
+	return SourceStatus{Source: source, Target: st.target, Up: st.up, Duration: st.duration, Failures: st.failures}
+}
+
+func lessGauge(a, b GaugeKey) bool {
+	if a.Queue != b.Queue {
+		return a.Queue < b.Queue
+	}
+	if a.DP != b.DP {
+		return a.DP < b.DP
+	}
+	if a.PP != b.PP {
+		return a.PP < b.PP
+	}
+	return a.TP < b.TP
+}
+
+// CountWebhook counts one Alertmanager webhook delivery by result.
+func (w *Watchdog) CountWebhook(result string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.webhook[result]++
+}

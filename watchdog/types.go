@@ -1,0 +1,155 @@
+// Package watchdog turns observations of SGLang (its /metrics and the
+// plugin's inflight listings) into state, decides which requests are stuck,
+// which queue gauges are pinned and which scheduler loops are wedged, and
+// force-fails stuck requests through the plugin's admin call behind safety
+// rails. The actuator (actuator.go) is the only code here that changes
+// anything outside this process.
+package watchdog
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// Queue names used in GaugeKey and exported metrics.
+const (
+	QueuePrefillInflight  = "prefill_inflight"
+	QueuePrefillBootstrap = "prefill_bootstrap"
+	QueuePrefillWaiting   = "prefill_waiting"
+	QueueDecodePrealloc   = "decode_prealloc"
+	QueueDecodeTransfer   = "decode_transfer"
+)
+
+// TransferFailedFamily is the counter that SGLang's Failed branch
+// increments; a release is confirmed when it rises.
+const TransferFailedFamily = "sglang:num_transfer_failed_reqs_total"
+
+// GaugeKey names one PD queue gauge of one scheduler rank, as read from
+// SGLang's /metrics. Ranks are label values; absent ones are "0".
+type GaugeKey struct {
+	Queue, DP, PP, TP string
+}
+
+// MetricsSample is what one read of SGLang's /metrics yields.
+type MetricsSample struct {
+	// Gauges holds the watched PD queue gauges.
+	Gauges map[GaugeKey]float64
+	// Progress holds the total of each progress counter family the server
+	// exposes, summed over its series.
+	Progress map[string]float64
+}
+
+// MetricsSource reads SGLang's /metrics.
+type MetricsSource interface {
+	Target() string
+	Scrape(ctx context.Context) (*MetricsSample, error)
+}
+
+// PluginSource is one rank's plugin API. *pluginapi.Client implements it.
+type PluginSource interface {
+	Target() string
+	Inflight(ctx context.Context) (*pluginapi.Listing, error)
+	ForceFail(ctx context.Context, order pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error)
+}
+
+// Mode says what the actuator may do.
+type Mode string
+
+// Modes of the actuator.
+const (
+	ModeOff    Mode = "off"
+	ModeDryRun Mode = "dry-run"
+	ModeAuto   Mode = "auto"
+)
+
+// Modes lists every mode, for flags and metrics.
+var Modes = []Mode{ModeOff, ModeDryRun, ModeAuto}
+
+// ParseMode validates a mode name.
+func ParseMode(s string) (Mode, error) {
+	for _, m := range Modes {
+		if string(m) == s {
+			return m, nil
+		}
+	}
+	return "", fmt.Errorf("unknown force-fail mode %q (want off, dry-run or auto)", s)
+}
+
+// Force-fail outcomes, the `result` label of sglang_watchdog_force_fails_total.
+const (
+	ResultReleased    = "released"
+	ResultUnconfirmed = "unconfirmed"
+	ResultWouldFlip   = "would_flip"
+	ResultNotFound    = "not_found"
+	ResultRejected    = "rejected"
+	ResultError       = "error"
+)
+
+// Results lists every outcome.
+var Results = []string{ResultReleased, ResultUnconfirmed, ResultWouldFlip, ResultNotFound, ResultRejected, ResultError}
+
+// Triggers of a force-fail.
+const (
+	TriggerAuto  = "auto"
+	TriggerAlert = "alert"
+)
+
+// Triggers lists every trigger.
+var Triggers = []string{TriggerAuto, TriggerAlert}
+
+// Reasons a stuck request was not force-failed.
+const (
+	SkipModeOff     = "mode_off"
+	SkipRateLimited = "rate_limited"
+	SkipProgressed  = "progressed"
+	SkipGone        = "gone"
+	SkipSourceDown  = "source_down"
+)
+
+// SkipReasons lists every skip reason.
+var SkipReasons = []string{SkipModeOff, SkipRateLimited, SkipProgressed, SkipGone, SkipSourceDown}
+
+// EventKind classifies what the watchdog reports to an observer.
+type EventKind string
+
+// Event kinds.
+const (
+	EventStuck       EventKind = "stuck"
+	EventForceFail   EventKind = "force_fail"
+	EventSkipped     EventKind = "skipped"
+	EventReleased    EventKind = "released"
+	EventUnconfirmed EventKind = "unconfirmed"
+	EventPinned      EventKind = "gauge_pinned"
+	EventWedged      EventKind = "scheduler_wedged"
+)
+
+// Event is one decision or action, for the demo's narration and for tests.
+type Event struct {
+	Kind     EventKind
+	Target   string
+	DPRank   int
+	PPRank   int
+	RID      string
+	Room     uint64
+	Age      float64
+	Poll     string
+	Progress int64
+	Result   string
+	Trigger  string
+	Reason   string
+	Gauge    GaugeKey
+}
+
+// Results of an Alertmanager webhook delivery.
+const (
+	WebhookAccepted   = "accepted"
+	WebhookIgnored    = "ignored"
+	WebhookBadRequest = "bad_request"
+	WebhookDisabled   = "disabled"
+	WebhookBusy       = "busy"
+)
+
+// WebhookResults lists every webhook result.
+var WebhookResults = []string{WebhookAccepted, WebhookIgnored, WebhookBadRequest, WebhookDisabled, WebhookBusy}
