@@ -149,15 +149,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	app := newApp(&o)
 	app.UsageWriter(stdout)
 	app.ErrorWriter(stderr)
-	app.Terminate(nil)
+	// --help and --version ask kingpin to exit; record it instead, so that
+	// tests can call run and deferred cleanups run.
+	exited := -1
+	app.Terminate(func(code int) {
+		if exited < 0 {
+			exited = code
+		}
+	})
 	cmd, err := app.Parse(args)
+	if exited >= 0 {
+		return exited
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
 		return 2
-	}
-	if cmd == "" {
-		// --help or --version printed and asked to stop.
-		return 0
 	}
 	logger, err := logging.New(stderr, o.log)
 	if err != nil {

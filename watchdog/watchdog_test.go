@@ -426,20 +426,38 @@ func TestRateLimit(t *testing.T) {
 		rooms = append(rooms, room(string(rune('a'+i)), uint64(i+1), 0))
 	}
 	h.plugin.set(rooms...)
-	h.tick(60)
+	// One lever per rank per cycle: calls at 60 s, 61 s, ... 65 s.
+	h.tick(66)
 	if got := h.plugin.callCount(); got != 6 {
 		t.Fatalf("%d calls in the first minute, want 6", got)
 	}
 	if got := h.wd.Snapshot().Skips[SkipRateLimited]; got != 2 {
 		t.Fatalf("rate_limited skips = %d, want 2", got)
 	}
-	h.tick(59)
+	h.tick(53)
 	if got := h.plugin.callCount(); got != 6 {
-		t.Fatalf("%d calls within 60 s of the first six, want 6", got)
+		t.Fatalf("%d calls within 60 s of the first one, want 6", got)
+	}
+	h.tick(1)
+	if got := h.plugin.callCount(); got != 7 {
+		t.Fatalf("%d calls once the first left the window, want 7", got)
 	}
 	h.tick(1)
 	if got := h.plugin.callCount(); got != 8 {
-		t.Fatalf("%d calls after the window moved, want 8", got)
+		t.Fatalf("%d calls once the second left the window, want 8", got)
+	}
+}
+
+func TestOneLeverPerRankPerCycle(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxPerMinute = 100 })
+	h.plugin.set(room("a", 1, 0), room("b", 2, 0), room("c", 3, 0))
+	h.tick(60)
+	if got := h.plugin.callCount(); got != 1 {
+		t.Fatalf("%d levers set on one rank in one cycle, want 1", got)
+	}
+	h.tick(2)
+	if got := h.plugin.callCount(); got != 3 {
+		t.Fatalf("%d calls after two more cycles, want 3", got)
 	}
 }
 
