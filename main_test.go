@@ -1,0 +1,76 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sglang-watchdog/sglang-watchdog/deploy/kubernetes"
+)
+
+// TestSidecarArgsAreAcceptedFlags parses every Kubernetes sidecar's
+// arguments with the real flag set, so that a manifest cannot carry a flag
+// the binary would refuse at start.
+func TestSidecarArgsAreAcceptedFlags(t *testing.T) {
+	all, err := kubernetes.SidecarArgs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) == 0 {
+		t.Fatal("no sidecar found in the manifests")
+	}
+	for file, args := range all {
+		var o options
+		cmd, err := newApp(&o).Parse(args)
+		if err != nil {
+			t.Errorf("%s: the binary rejects the sidecar's args: %v", file, err)
+			continue
+		}
+		if cmd != "run" {
+			t.Errorf("%s: args select command %q, want the watchdog (run)", file, cmd)
+		}
+	}
+}
+
+// TestReadmeDocumentsEveryFlagAndMetric keeps the README from drifting:
+// every flag of every command and every metric of docs/metrics.md is named.
+func TestReadmeDocumentsEveryFlagAndMetric(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o options
+	app := newApp(&o)
+	model := app.Model()
+	check := func(where, name string) {
+		if !strings.Contains(string(readme), "--"+name) {
+			t.Errorf("README does not document %s flag --%s", where, name)
+		}
+	}
+	for _, f := range model.Flags {
+		if !f.Hidden && f.Name != "help" && f.Name != "version" {
+			check("global", f.Name)
+		}
+	}
+	for _, c := range model.Commands {
+		for _, f := range c.Flags {
+			if f.Name == "web.systemd-socket" {
+				continue
+			}
+			check(c.Name, f.Name)
+		}
+	}
+	metrics, err := os.ReadFile("docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(metrics), "\n") {
+		if !strings.HasPrefix(line, "| `sglang_watchdog_") {
+			continue
+		}
+		name := strings.SplitN(strings.TrimPrefix(line, "| `"), "`", 2)[0]
+		if !strings.Contains(string(readme), name) {
+			t.Errorf("README does not document metric %s", name)
+		}
+	}
+}
