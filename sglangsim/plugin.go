@@ -1,0 +1,274 @@
+package sglangsim
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// MaxBodyBytes is the largest force-fail body accepted (64 KiB).
+const MaxBodyBytes = 64 << 10
+
+// Listing is the plugin's view of one rank, as GET /debug/inflight serves
+// it: poll and progress as observed by the last pass, ages and now_unix from
+// the clock at the time of the call.
+func (s *Sim) Listing(rank int) pluginapi.Listing {
+	r := s.rank(rank)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.listing(s, s.clock.Now())
+}
+
+func (s *Sim) authorized(authorization string) bool {
+	if s.opts.Token == "" {
+		return true
+	}
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		token = ""
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(token)), []byte(s.opts.Token)) == 1
+}
+
+func unauthorized() (int, pluginapi.ForceFailResponse) {
+	return 401, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnauthorized,
+		Error: "a valid Authorization: Bearer token is required for /admin/*"}
+}
+
+func badRequest(msg string) (int, pluginapi.ForceFailResponse) {
+	return 400, pluginapi.ForceFailResponse{Result: pluginapi.ResultBadRequest, Error: msg}
+}
+
+// ForceFail does what POST /admin/force_fail does on one rank, with an
+// already decoded body and the request's Authorization header. See the
+// package documentation for when the order is applied.
+func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRequest, authorization string) (status int, resp pluginapi.ForceFailResponse) {
+	if !s.authorized(authorization) {
+		return unauthorized()
+	}
+	if req.RID == "" {
+		return badRequest("rid is required and must be a non-empty string")
+	}
+	if rank < 0 || rank >= len(s.ranks) {
+		return 404, pluginapi.ForceFailResponse{Result: pluginapi.ResultNotFound, RID: req.RID,
+			Error: "no such rank " + strconv.Itoa(rank)}
+	}
+	r := s.ranks[rank]
+	r.mu.Lock()
+	// Clarification 2: answer at once from the latest observation.
+	q, ok := r.byRID[req.RID]
+	if !ok {
+		r.mu.Unlock()
+		return notFound(req.RID)
+	}
+	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
+		r.mu.Unlock()
+		return roomMismatch(req.RID, q.room)
+	}
+	if !r.running && !r.paused {
+		// Step-driven: apply inline, as the next pass would.
+		st, resp := r.applyOrder(s, req, s.clock.Now())
+		r.mu.Unlock()
+		return st, resp
+	}
+	o := &order{req: req, done: make(chan orderResult, 1)}
+	r.pending = append(r.pending, o)
+	r.mu.Unlock()
+
+	timer := time.NewTimer(s.opts.OrderTimeout)
+	defer timer.Stop()
+	select {
+	case res := <-o.done:
+		return res.status, res.resp
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	r.mu.Lock()
+	if o.state == orderPending {
+		o.state = orderWithdrawn
+		for i, p := range r.pending {
+			if p == o {
+				r.pending = append(r.pending[:i], r.pending[i+1:]...)
+				break
+			}
+		}
+		r.mu.Unlock()
+		return 503, pluginapi.ForceFailResponse{Result: pluginapi.ResultSchedulerUnresponsive, RID: req.RID,
+			Error: "the scheduler loop did not pick the order up within " + s.opts.OrderTimeout.String() +
+				"; the order was withdrawn"}
+	}
+	r.mu.Unlock()
+	// Claimed just in time: the result was sent under the lock.
+	res := <-o.done
+	return res.status, res.resp
+}
+
+// PluginHandler serves the plugin API of one rank: GET /healthz, GET
+// /debug/inflight and POST /admin/force_fail. It panics if the rank does not
+// exist.
+func (s *Sim) PluginHandler(rank int) http.Handler {
+	s.rank(rank)
+	mux := http.NewServeMux()
+	mux.HandleFunc(pluginapi.PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok")
+	})
+	mux.HandleFunc(pluginapi.PathInflight, func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodGet && req.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		writeJSON(w, http.StatusOK, s.Listing(rank))
+	})
+	mux.HandleFunc(pluginapi.PathForceFail, func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost {
+			w.Header().Set("Allow", "POST")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		auth := req.Header.Get("Authorization")
+		if !s.authorized(auth) {
+			st, resp := unauthorized()
+			writeJSON(w, st, resp)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(req.Body, MaxBodyBytes+1))
+		if err != nil {
+			st, resp := badRequest("cannot read the body: " + err.Error())
+			writeJSON(w, st, resp)
+			return
+		}
+		if len(body) > MaxBodyBytes {
+			st, resp := badRequest("the body is larger than 64 KiB")
+			writeJSON(w, st, resp)
+			return
+		}
+		ff, msg := ParseForceFail(body)
+		if msg != "" {
+			st, resp := badRequest(msg)
+			writeJSON(w, st, resp)
+			return
+		}
+		st, resp := s.ForceFail(req.Context(), rank, ff, auth)
+		writeJSON(w, st, resp)
+	})
+	return mux
+}
+
+// ParseForceFail decodes a force-fail body under the rules of clarification
+// 1. It returns a non-empty message when the body is a bad request.
+func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
+	var req pluginapi.ForceFailRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return req, "the body is not valid JSON"
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return req, "the body has data after the JSON object"
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return req, "the body is not a JSON object"
+	}
+	switch rid := obj["rid"].(type) {
+	case nil:
+		return req, "rid is required"
+	case string:
+		if rid == "" {
+			return req, "rid must not be empty"
+		}
+		req.RID = rid
+	default:
+		return req, "rid must be a string"
+	}
+	if raw, ok := obj["bootstrap_room"]; ok && raw != nil {
+		n, isNum := raw.(json.Number)
+		if !isNum {
+			return req, "bootstrap_room must be a non-negative integer below 2^64"
+		}
+		room, err := strconv.ParseUint(n.String(), 10, 64)
+		if err != nil {
+			return req, "bootstrap_room must be a non-negative integer below 2^64"
+		}
+		req.BootstrapRoom = &room
+	}
+	if raw, ok := obj["dry_run"]; ok && raw != nil {
+		b, isBool := raw.(bool)
+		if !isBool {
+			return req, "dry_run must be a boolean"
+		}
+		req.DryRun = b
+	}
+	if reason, ok := obj["reason"].(string); ok {
+		req.Reason = reason
+	}
+	return req, ""
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// Listen serves /metrics and every rank's plugin API on 127.0.0.1 ports
+// chosen by the system until ctx ends. metricsURL ends in /metrics;
+// pluginURLs[i] is the base URL of rank i (append pluginapi.Path*).
+func (s *Sim) Listen(ctx context.Context) (metricsURL string, pluginURLs []string, err error) {
+	var servers []*http.Server
+	serve := func(h http.Handler) (string, error) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, srv)
+		go func() { _ = srv.Serve(ln) }()
+		return "http://" + ln.Addr().String(), nil
+	}
+	shutdown := func() {
+		for _, srv := range servers {
+			_ = srv.Close()
+		}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", s.MetricsHandler())
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	base, err := serve(mux)
+	if err != nil {
+		return "", nil, err
+	}
+	metricsURL = base + "/metrics"
+	for i := range s.ranks {
+		u, err := serve(s.PluginHandler(i))
+		if err != nil {
+			shutdown()
+			return "", nil, err
+		}
+		pluginURLs = append(pluginURLs, u)
+	}
+	go func() {
+		<-ctx.Done()
+		shutdown()
+	}()
+	return metricsURL, pluginURLs, nil
+}

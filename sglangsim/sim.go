@@ -1,0 +1,476 @@
+package sglangsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/clock"
+)
+
+// Label eras of SGLang's /metrics (facts §1.2).
+const (
+	EraName       = "name"
+	EraModelName  = "model_name"
+	EraEngineType = "engine_type"
+	EraV05        = "v0.5"
+	EraNewest     = "newest"
+)
+
+// Transfer backends and their levers (facts §3.5).
+const (
+	BackendNIXL     = "nixl"
+	BackendMooncake = "mooncake"
+)
+
+// ScenarioParity is the scene shared with the Python stand-in.
+const ScenarioParity = "parity"
+
+const (
+	// FakeBootstrapHost is SGLang's FAKE_BOOTSTRAP_HOST (disaggregation/utils.py):
+	// health checks and warm-up requests use the fake sender through it.
+	FakeBootstrapHost = "2.2.2.2"
+	// BootstrapPort is the default --disaggregation-bootstrap-port.
+	BootstrapPort = 8998
+	// DefaultBootstrapAddr is the bootstrap address of normal requests: the
+	// prefill server's own bootstrap server.
+	DefaultBootstrapAddr = "10.0.0.7:8998"
+	// TransferQueues is SGLANG_DISAGGREGATION_QUEUE_SIZE's default (facts
+	// §3.7): transfer-worker shards per rank, picked by room % TransferQueues.
+	TransferQueues = 4
+	// DefaultModelName is the model name when Options.ModelName is empty.
+	DefaultModelName = "meta-llama/Llama-3.1-8B-Instruct"
+)
+
+// Options configures a Sim. Only Clock is required.
+type Options struct {
+	Clock  clock.Clock // required; the only source of time
+	DPSize int         // data-parallel ranks; default 1
+	PPSize int         // pipeline stages; default 1. Rank index = dp*PPSize + pp.
+	// Era picks the /metrics label scheme: EraName, EraModelName,
+	// EraEngineType, EraV05 (default) or EraNewest.
+	Era string
+	// Backend is BackendNIXL (lever _send_failed, default) or BackendMooncake
+	// (lever conclude_state).
+	Backend   string
+	ModelName string // default DefaultModelName
+	Seed      int64  // everything random comes from this seed
+	Token     string // bearer token for /admin/*; "" = none
+	// BootstrapAddr is the bootstrap_addr of normal requests; default DefaultBootstrapAddr.
+	BootstrapAddr string
+	// ArrivalRate is healthy traffic in requests per simulated second over
+	// all ranks (Poisson); 0 = none.
+	ArrivalRate float64
+	// TransferMedian is the median KV transfer time of healthy requests;
+	// default 200ms. Lognormal with sigma 1: p99.9 is about 22x the median.
+	TransferMedian time.Duration
+	// SlowFraction of arriving requests transfer for 30s to 150s but send a
+	// chunk at least every SlowChunkEvery.
+	SlowFraction   float64
+	SlowChunkEvery time.Duration // default 5s
+	// HealthCheckEvery sends SGLang health checks through the fake sender
+	// (rid "HEALTH_CHECK_<unix>", room 0, host 2.2.2.2), round-robin over the
+	// ranks; 0 = none.
+	HealthCheckEvery time.Duration
+	IdleRefresh      time.Duration // default 30s (facts §1.6)
+	// HookRunsWhenEmpty: newest loops call the inflight pass every iteration;
+	// older ones only while the inflight queue is non-empty, and then the
+	// plugin's loop counter stands still on an empty queue (facts §8, §9).
+	HookRunsWhenEmpty bool
+	// OrderTimeout is how long a force-fail waits for the scheduler, in real
+	// time; default 5s.
+	OrderTimeout time.Duration
+	// Scenario, when set, is applied by New (see SetScenario).
+	Scenario string
+}
+
+// Behavior is how a submitted request's transfer goes.
+type Behavior int
+
+const (
+	// BehaviorHealthy completes after RequestSpec.Transfer (drawn if 0).
+	BehaviorHealthy Behavior = iota
+	// BehaviorSlow sends a chunk every ChunkEvery (default about
+	// SlowChunkEvery) and completes after Transfer (drawn in 30s..150s if 0).
+	BehaviorSlow
+	// BehaviorHealthCheck is an SGLang health check: fake sender, room 0,
+	// Success on the first poll after the forward.
+	BehaviorHealthCheck
+	// BehaviorStuckHealthCheck is a health check whose fake sender stays in
+	// WaitingForInput for ever (FakeKVSender accumulation, PR #28652). A
+	// correct watchdog never force-fails it.
+	BehaviorStuckHealthCheck
+	// BehaviorTransferFail fails by itself after Transfer: the poll reads
+	// Failed, the request is released and the failed counter rises.
+	BehaviorTransferFail
+	// BehaviorPinResurrection: see PinResurrection.
+	BehaviorPinResurrection
+	// BehaviorPinAbortBeforeRegister: see PinAbortBeforeRegister.
+	BehaviorPinAbortBeforeRegister
+	// BehaviorPinStuckHandle: see PinStuckHandle.
+	BehaviorPinStuckHandle
+)
+
+// PinKind selects one of the three mechanisms that pin a request in the
+// inflight queue until its lever is set.
+type PinKind int
+
+const (
+	// PinResurrection: Failed then a late Transferring through a max()-based
+	// update_status: Transferring for ever, progress frozen (facts §3.4).
+	PinResurrection PinKind = iota
+	// PinAbortBeforeRegister: an ABORT popped transfer_infos before the room
+	// was registered: WaitingForInput for ever, progress 0 (facts §3.4, §3.5).
+	PinAbortBeforeRegister
+	// PinStuckHandle: a handle stuck in PROC wedges the transfer-worker shard
+	// room % 4 of its rank (facts §3.5, §7.6).
+	PinStuckHandle
+)
+
+// RequestSpec describes one request for Submit. The zero value (apart from
+// Rank) is a healthy request with drawn size and transfer time.
+type RequestSpec struct {
+	Rank     int // rank index, dp*PPSize + pp
+	Behavior Behavior
+	RID      string // "" = a random 32-hex rid (health checks: HEALTH_CHECK_<unix>)
+	Room     uint64 // 0 = random over the full 64-bit range; health checks always use 0
+	// PromptTokens: 0 = drawn (health checks: 1, SGLang sends input_ids=[0]).
+	PromptTokens int
+	// Transfer is the total transfer time of healthy, slow and failing
+	// requests, counted from the inflight-queue entry; 0 = drawn; negative =
+	// never finishes while still sending a chunk every ChunkEvery.
+	Transfer time.Duration
+	// ChunkEvery is the time between chunks; 0 = derived.
+	ChunkEvery time.Duration
+	// FreezeAt is the number of chunks sent before a resurrection or
+	// stuck-handle pin takes hold; 0 = default (3 and 1); -1 = before the
+	// first chunk.
+	FreezeAt int
+	// Bootstrap is the time spent in the bootstrap queue; 0 = none, so that
+	// the next pass carries the request into the inflight queue.
+	Bootstrap time.Duration
+}
+
+// Kind is the ground-truth class of a request.
+type Kind string
+
+// Kinds of Record.
+const (
+	KindHealthy                = Kind("healthy")
+	KindSlow                   = Kind("slow")
+	KindHealthCheck            = Kind("health_check")
+	KindFailing                = Kind("failing") // BehaviorTransferFail
+	KindPinResurrection        = Kind("pin_resurrection")
+	KindPinAbortBeforeRegister = Kind("pin_abort_before_register")
+	KindPinStuckHandle         = Kind("pin_stuck_handle")
+	KindBlockedByWedge         = Kind("blocked_by_wedge")
+)
+
+var kinds = [...]Kind{KindHealthy, KindSlow, KindHealthCheck, KindFailing, KindPinResurrection,
+	KindPinAbortBeforeRegister, KindPinStuckHandle, KindBlockedByWedge}
+
+// Outcome is where a request ended.
+type Outcome string
+
+// Outcomes of Record.
+const (
+	OutcomeQueued       = Outcome("queued")   // still before the inflight queue
+	OutcomeInflight     = Outcome("inflight") // in the inflight queue
+	OutcomeSuccess      = Outcome("success")
+	OutcomeFailedForced = Outcome("failed_forced") // released after a force-fail set its lever
+	OutcomeFailed       = Outcome("failed")        // failed by itself
+	OutcomeRestarted    = Outcome("restarted")     // lost in Restart
+)
+
+var outcomes = [...]Outcome{OutcomeQueued, OutcomeInflight, OutcomeSuccess, OutcomeFailedForced,
+	OutcomeFailed, OutcomeRestarted}
+
+// Record is the ground truth of one request.
+type Record struct {
+	RID             string
+	Room            uint64
+	Rank            int
+	Kind            Kind
+	EnteredInflight time.Time // zero while still before the inflight queue
+	Left            time.Time // zero while still in the server
+	Outcome         Outcome
+	ForcedAt        time.Time // when a force-fail set the lever; zero if never
+	// ProgressingWhenForced is true if a force-fail hit a request that was
+	// making progress: kinds healthy, slow, health_check, failing, or
+	// blocked_by_wedge once it sent a chunk after its wedge cleared.
+	ProgressingWhenForced bool
+}
+
+// Sim is a simulated SGLang PD prefill server. All methods are safe for
+// concurrent use.
+type Sim struct {
+	opts  Options
+	clock clock.Clock
+	ranks []*rank
+
+	cfgMu sync.RWMutex
+	model string // guarded by cfgMu
+	gen   int    // restart generation, guarded by cfgMu
+	quiet bool   // no arrivals and no health checks (parity scene), guarded by cfgMu
+}
+
+// New validates the options and returns a simulator whose clock starts at
+// Clock.Now(). Nothing runs until Start or Step.
+func New(o Options) (*Sim, error) {
+	if o.Clock == nil {
+		return nil, errors.New("sglangsim: Options.Clock is required")
+	}
+	if o.DPSize < 0 || o.PPSize < 0 {
+		return nil, errors.New("sglangsim: DPSize and PPSize must not be negative")
+	}
+	if o.DPSize == 0 {
+		o.DPSize = 1
+	}
+	if o.PPSize == 0 {
+		o.PPSize = 1
+	}
+	switch o.Era {
+	case "":
+		o.Era = EraV05
+	case EraName, EraModelName, EraEngineType, EraV05, EraNewest:
+	default:
+		return nil, fmt.Errorf("sglangsim: unknown era %q", o.Era)
+	}
+	switch o.Backend {
+	case "":
+		o.Backend = BackendNIXL
+	case BackendNIXL, BackendMooncake:
+	default:
+		return nil, fmt.Errorf("sglangsim: unknown backend %q", o.Backend)
+	}
+	if o.ArrivalRate < 0 || o.SlowFraction < 0 || o.SlowFraction > 1 {
+		return nil, errors.New("sglangsim: ArrivalRate must be >= 0 and SlowFraction in [0, 1]")
+	}
+	if o.ModelName == "" {
+		o.ModelName = DefaultModelName
+	}
+	if o.BootstrapAddr == "" {
+		o.BootstrapAddr = DefaultBootstrapAddr
+	}
+	if o.TransferMedian <= 0 {
+		o.TransferMedian = 200 * time.Millisecond
+	}
+	if o.SlowChunkEvery <= 0 {
+		o.SlowChunkEvery = 5 * time.Second
+	}
+	if o.IdleRefresh <= 0 {
+		o.IdleRefresh = 30 * time.Second
+	}
+	if o.OrderTimeout <= 0 {
+		o.OrderTimeout = 5 * time.Second
+	}
+	if o.HealthCheckEvery < 0 {
+		o.HealthCheckEvery = 0
+	}
+	s := &Sim{opts: o, clock: o.Clock, model: o.ModelName}
+	now := s.clock.Now()
+	n := o.DPSize * o.PPSize
+	for i := 0; i < n; i++ {
+		r := &rank{
+			idx:   i,
+			dp:    i / o.PPSize,
+			pp:    i % o.PPSize,
+			rng:   rand.New(rand.NewPCG(uint64(o.Seed), uint64(i)*0x9E3779B97F4A7C15+1)),
+			byRID: make(map[string]*request),
+		}
+		r.reset(s, now, 0, false)
+		s.ranks = append(s.ranks, r)
+	}
+	if o.Scenario != "" {
+		if err := s.SetScenario(o.Scenario); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Ranks is the number of ranks (DPSize * PPSize).
+func (s *Sim) Ranks() int { return len(s.ranks) }
+
+// RankIndex maps (dp, pp) to the rank index dp*PPSize + pp.
+func (s *Sim) RankIndex(dp, pp int) int { return dp*s.opts.PPSize + pp }
+
+// Options returns the effective options (defaults filled in).
+func (s *Sim) Options() Options { return s.opts }
+
+func (s *Sim) rank(i int) *rank {
+	if i < 0 || i >= len(s.ranks) {
+		panic(fmt.Sprintf("sglangsim: rank %d out of range [0, %d)", i, len(s.ranks)))
+	}
+	return s.ranks[i]
+}
+
+func (s *Sim) modelName() string {
+	s.cfgMu.RLock()
+	defer s.cfgMu.RUnlock()
+	return s.model
+}
+
+// Start runs one goroutine per rank that makes a scheduler pass about every
+// millisecond of wall time, each at Clock.Now(), until ctx ends. Calling it
+// again while the goroutines run does nothing.
+func (s *Sim) Start(ctx context.Context) {
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		if r.running {
+			r.mu.Unlock()
+			continue
+		}
+		r.running = true
+		r.mu.Unlock()
+		go s.runRank(ctx, r)
+	}
+}
+
+func (s *Sim) runRank(ctx context.Context, r *rank) {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.mu.Lock()
+			r.running = false
+			r.mu.Unlock()
+			return
+		case <-t.C:
+			r.pass(s, s.clock.Now())
+		}
+	}
+}
+
+// Step makes one synchronous pass of every rank that is not paused, at
+// Clock.Now(): arrivals and health checks up to now, bootstrap, a prefill
+// batch, pending orders, the inflight poll and releases.
+func (s *Sim) Step() {
+	now := s.clock.Now()
+	for _, r := range s.ranks {
+		r.pass(s, now)
+	}
+}
+
+// PauseLoop stops (or resumes) the scheduler loop of one rank: no passes, no
+// loop iterations, and force-fail orders time out with 503.
+func (s *Sim) PauseLoop(rank int, paused bool) {
+	r := s.rank(rank)
+	r.mu.Lock()
+	r.paused = paused
+	r.mu.Unlock()
+}
+
+// Restart models an SGLang restart: every request in the server is lost
+// (Outcome "restarted"), counters, histograms and loop counters start again
+// from 0, the scheduler pids change and a warm-up batch writes the gauges.
+// Pending force-fail orders are answered 503. Traffic continues; later
+// requests may reuse a room id with a new rid.
+func (s *Sim) Restart() {
+	s.cfgMu.Lock()
+	s.gen++
+	gen, quiet := s.gen, s.quiet
+	s.cfgMu.Unlock()
+	now := s.clock.Now()
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		r.reset(s, now, gen, quiet)
+		r.mu.Unlock()
+	}
+}
+
+// Submit injects one request with a fixed behaviour into the bootstrap queue
+// of spec.Rank and returns its rid and room. It panics if the rank does not
+// exist.
+func (s *Sim) Submit(spec RequestSpec) (rid string, room uint64) {
+	r := s.rank(spec.Rank)
+	now := s.clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.newRequest(s, spec, now)
+	r.bootstrapQ = append(r.bootstrapQ, q)
+	return q.rid, q.room
+}
+
+// Inject submits a request pinned by one of the three mechanisms.
+func (s *Sim) Inject(rank int, pin PinKind) (rid string, room uint64) {
+	b := BehaviorPinResurrection
+	switch pin {
+	case PinAbortBeforeRegister:
+		b = BehaviorPinAbortBeforeRegister
+	case PinStuckHandle:
+		b = BehaviorPinStuckHandle
+	}
+	return s.Submit(RequestSpec{Rank: rank, Behavior: b})
+}
+
+// Records returns the ground truth of every request so far, rank by rank in
+// arrival order.
+func (s *Sim) Records() []Record {
+	var n int
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		n += len(r.records)
+		r.mu.Unlock()
+	}
+	out := make([]Record, 0, n)
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		for i := range r.records {
+			out = append(out, r.records[i].export())
+		}
+		r.mu.Unlock()
+	}
+	return out
+}
+
+// SetScenario replaces the simulator's state with a named scene. The only
+// scene is ScenarioParity, shared with the Python stand-in: no arrivals, no
+// health checks, model "standin", and on rank 0 (dp0/pp0/tp0) exactly these
+// inflight requests:
+//
+//  1. "pinned-0001", room 9223372036854775001, addr "10.0.0.7:8998", 4096
+//     prompt tokens, Transferring with progress frozen at 3 (a resurrection
+//     pin), entered 120 s ago;
+//  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.7:8998", 4096
+//     prompt tokens, Transferring with progress advancing by 1 every 100 ms
+//     of clock time (50 at setup) and never finishing, entered 5 s ago;
+//  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2:8998", 1 prompt
+//     token, fake sender in WaitingForInput for ever (progress -1), entered
+//     200 s ago.
+//
+// Counters start from 0, and the scene stays without traffic across
+// Restart. It must be called before Start.
+func (s *Sim) SetScenario(name string) error {
+	if name != ScenarioParity {
+		return fmt.Errorf("sglangsim: unknown scenario %q", name)
+	}
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		running := r.running
+		r.mu.Unlock()
+		if running {
+			return errors.New("sglangsim: SetScenario must be called before Start")
+		}
+	}
+	s.cfgMu.Lock()
+	s.model = "standin"
+	s.quiet = true
+	gen := s.gen
+	s.cfgMu.Unlock()
+	now := s.clock.Now()
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		r.reset(s, now, gen, true)
+		r.mu.Unlock()
+	}
+	r := s.ranks[0]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.parity(s, now)
+	return nil
+}

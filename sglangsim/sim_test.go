@@ -1,0 +1,464 @@
+package sglangsim
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+func TestNewValidates(t *testing.T) {
+	if _, err := New(Options{}); err == nil {
+		t.Error("New without a clock succeeded")
+	}
+	for _, o := range []Options{{Era: "v9"}, {Backend: "tcp"}, {SlowFraction: 2}, {DPSize: -1}, {Scenario: "nope"}} {
+		o.Clock = clock.NewFake(t0)
+		if _, err := New(o); err == nil {
+			t.Errorf("New(%+v) succeeded", o)
+		}
+	}
+	s, _ := newSim(t, Options{DPSize: 2, PPSize: 2})
+	if s.Ranks() != 4 || s.RankIndex(1, 0) != 2 || s.RankIndex(1, 1) != 3 {
+		t.Fatalf("ranks %d, index(1,0)=%d", s.Ranks(), s.RankIndex(1, 0))
+	}
+	l := s.Listing(3)
+	if l.Server.DPRank != 1 || l.Server.PPRank != 1 || l.Server.TPRank != 0 || l.Server.DisaggregationMode != "prefill" ||
+		l.Server.TransferBackend != "nixl" || l.APIVersion != 1 || l.Inflight == nil {
+		t.Fatalf("listing of rank 3: %+v", l)
+	}
+}
+
+func TestLifecycleAndRelease(t *testing.T) {
+	s, c := newSim(t, Options{Era: EraV05})
+	rid, rm := s.Submit(RequestSpec{Transfer: 2 * time.Second, PromptTokens: 4096, Bootstrap: 50 * time.Millisecond})
+	if rm == 0 {
+		t.Fatal("room 0 for a normal request")
+	}
+	s.Step()
+	l := s.Listing(0)
+	if l.Queues.Bootstrap != 1 || len(l.Inflight) != 0 {
+		t.Fatalf("after the first pass: %+v", l.Queues)
+	}
+	if r := recordOf(t, s, rid); r.Outcome != OutcomeQueued || !r.EnteredInflight.IsZero() {
+		t.Fatalf("record before inflight: %+v", r)
+	}
+	c.Advance(50 * time.Millisecond)
+	s.Step()
+	l = s.Listing(0)
+	rq, ok := room(l, rid)
+	if !ok || l.Queues.Inflight != 1 || l.Queues.Bootstrap != 0 {
+		t.Fatalf("not inflight after bootstrap: %+v", l)
+	}
+	if rq.Poll != pluginapi.PollWaitingForInput || rq.Progress != 0 || rq.AgeSeconds != 0 || rq.PromptTokens != 4096 ||
+		rq.BootstrapAddr != DefaultBootstrapAddr || rq.HealthCheck || rq.SendFailed || rq.BootstrapRoom != rm {
+		t.Fatalf("fresh inflight room: %+v", rq)
+	}
+	entered := c.Now()
+	last, sawTransferring := int64(0), false
+	for i := 0; i < 40; i++ {
+		c.Advance(100 * time.Millisecond)
+		s.Step()
+		rq, ok := room(s.Listing(0), rid)
+		if !ok {
+			break
+		}
+		if rq.Progress < last {
+			t.Fatalf("progress went back from %d to %d", last, rq.Progress)
+		}
+		last = rq.Progress
+		if rq.Poll == pluginapi.PollTransferring {
+			sawTransferring = true
+		}
+		if math.Abs(rq.AgeSeconds-c.Now().Sub(entered).Seconds()) > 1e-9 {
+			t.Fatalf("age %v, want %v", rq.AgeSeconds, c.Now().Sub(entered).Seconds())
+		}
+	}
+	if _, ok := room(s.Listing(0), rid); ok {
+		t.Fatal("not released after its transfer time")
+	}
+	if !sawTransferring || last < 3 {
+		t.Fatalf("saw Transferring %v, last progress %d", sawTransferring, last)
+	}
+	r := recordOf(t, s, rid)
+	if r.Outcome != OutcomeSuccess || r.Kind != KindHealthy || !r.EnteredInflight.Equal(entered) ||
+		r.Left.Sub(entered) < 2*time.Second || r.Left.Sub(entered) > 2100*time.Millisecond {
+		t.Fatalf("record: %+v", r)
+	}
+	for name, want := range map[string]float64{
+		"sglang:num_requests_total":                  1,
+		"sglang:prompt_tokens_total":                 4096,
+		"sglang:generation_tokens_total":             1,
+		"sglang:num_transfer_failed_reqs_total":      0,
+		"sglang:kv_transfer_total_mb":                4096 * kvMBPerToken,
+		"sglang:per_stage_req_latency_seconds_count": 1,
+	} {
+		labels := map[string]string{}
+		if name == "sglang:per_stage_req_latency_seconds_count" {
+			labels["stage"] = "prefill_transfer_kv_cache"
+		}
+		if got := mustMetric(t, s, name, labels); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestHeavyTail(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 200000
+	d := make([]float64, n)
+	for i := range d {
+		d[i] = float64(drawTransfer(rng, 200*time.Millisecond))
+	}
+	slices.Sort(d)
+	median, p999 := d[n/2], d[n*999/1000]
+	if p999 < 10*median {
+		t.Fatalf("p99.9 %v < 10 x median %v", time.Duration(p999), time.Duration(median))
+	}
+	if m := time.Duration(median); m < 190*time.Millisecond || m > 210*time.Millisecond {
+		t.Fatalf("median %v, want about 200ms", m)
+	}
+
+	// The same tail seen through the simulator: time spent in the inflight queue.
+	s, c := newSim(t, Options{DPSize: 2, ArrivalRate: 300, TransferMedian: 300 * time.Millisecond, Seed: 7})
+	run(s, c, 60*time.Second, 10*time.Millisecond)
+	run(s, c, 40*time.Second, 100*time.Millisecond) // drain (no new arrivals would be nicer, but the tail is long)
+	var inflight []float64
+	for _, r := range s.Records() {
+		if r.Outcome == OutcomeSuccess {
+			inflight = append(inflight, float64(r.Left.Sub(r.EnteredInflight)))
+		}
+	}
+	if len(inflight) < 15000 {
+		t.Fatalf("only %d completions", len(inflight))
+	}
+	slices.Sort(inflight)
+	median, p999 = inflight[len(inflight)/2], inflight[len(inflight)*999/1000]
+	if p999 < 10*median {
+		t.Fatalf("inflight p99.9 %v < 10 x median %v", time.Duration(p999), time.Duration(median))
+	}
+}
+
+func TestGaugeFrozenByStuckRequestNewest(t *testing.T) {
+	s, c := newSim(t, Options{Era: EraNewest})
+	inflight := map[string]string{"dp_rank": "0"}
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", inflight); v != 0 {
+		t.Fatalf("gauge after warm-up = %v", v)
+	}
+	s.Inject(0, PinResurrection)
+	s.Step()
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", inflight); v != 1 {
+		t.Fatalf("gauge after the batch = %v, want 1", v)
+	}
+	run(s, c, 10*time.Minute, time.Second)
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", inflight); v != 1 {
+		t.Fatalf("gauge after 10 idle minutes = %v, want 1 (frozen)", v)
+	}
+	if l := s.Listing(0); l.Queues.Inflight != 1 {
+		t.Fatalf("listing queues %+v", l.Queues)
+	}
+}
+
+func TestGaugeFrozenV05NeedsALaterBatch(t *testing.T) {
+	s, c := newSim(t, Options{Era: EraV05})
+	s.Inject(0, PinAbortBeforeRegister)
+	s.Step()
+	// v0.5 logs at batch formation, before the batch enters the inflight queue.
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != 0 {
+		t.Fatalf("gauge = %v, want 0", v)
+	}
+	run(s, c, 5*time.Minute, time.Second)
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != 0 {
+		t.Fatalf("idle refresh ran with a non-empty inflight queue: %v", v)
+	}
+	// A health check forms a batch, which logs the stuck request.
+	s.Submit(RequestSpec{Behavior: BehaviorHealthCheck})
+	s.Step()
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != 1 {
+		t.Fatalf("gauge after a later batch = %v, want 1", v)
+	}
+	if l := s.Listing(0); l.Queues.Inflight != 1 {
+		t.Fatalf("health check not released: %+v", l.Queues)
+	}
+	run(s, c, 10*time.Minute, time.Second)
+	if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != 1 {
+		t.Fatalf("gauge after 10 idle minutes = %v, want 1", v)
+	}
+}
+
+func TestIdleRefreshAfterHealthyCompletion(t *testing.T) {
+	for _, era := range []string{EraV05, EraNewest} {
+		t.Run(era, func(t *testing.T) {
+			s, c := newSim(t, Options{Era: era})
+			s.Submit(RequestSpec{Transfer: time.Second})
+			s.Step()
+			c.Advance(100 * time.Millisecond)
+			s.Submit(RequestSpec{Transfer: time.Second})
+			s.Step()
+			logged := c.Now()
+			want := 1.0 // v0.5: the first request; newest: ... after the second batch both
+			if era == EraNewest {
+				want = 2
+			}
+			if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != want {
+				t.Fatalf("gauge = %v, want %v", v, want)
+			}
+			run(s, c, 2*time.Second, 100*time.Millisecond)
+			if l := s.Listing(0); l.Queues.Inflight != 0 {
+				t.Fatalf("not completed: %+v", l.Queues)
+			}
+			if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != want {
+				t.Fatalf("gauge changed without a log: %v", v)
+			}
+			for c.Now().Sub(logged) < 29*time.Second {
+				c.Advance(time.Second)
+				s.Step()
+			}
+			if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != want {
+				t.Fatalf("gauge refreshed before IdleRefresh: %v", v)
+			}
+			run(s, c, 2*time.Second, time.Second)
+			if v := mustMetric(t, s, "sglang:num_prefill_inflight_queue_reqs", nil); v != 0 {
+				t.Fatalf("gauge after the idle refresh = %v, want 0", v)
+			}
+		})
+	}
+}
+
+func TestHookRunsWhenEmpty(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		s, c := newSim(t, Options{HookRunsWhenEmpty: always})
+		run(s, c, time.Second, 100*time.Millisecond)
+		it := s.Listing(0).Loop.Iterations
+		if always && it != 10 || !always && it != 0 {
+			t.Fatalf("HookRunsWhenEmpty=%v: %d iterations on an empty queue", always, it)
+		}
+		s.Inject(0, PinStuckHandle)
+		run(s, c, time.Second, 100*time.Millisecond)
+		l := s.Listing(0)
+		if l.Loop.Iterations != it+10 || l.Loop.LastIterationUnix != unixSeconds(c.Now()) {
+			t.Fatalf("HookRunsWhenEmpty=%v: iterations %d -> %d, last %v", always, it, l.Loop.Iterations, l.Loop.LastIterationUnix)
+		}
+		s.PauseLoop(0, true)
+		run(s, c, time.Second, 100*time.Millisecond)
+		if got := s.Listing(0).Loop.Iterations; got != l.Loop.Iterations {
+			t.Fatalf("iterations advanced while paused: %d -> %d", l.Loop.Iterations, got)
+		}
+	}
+}
+
+func TestSlowTransfersKeepProgressing(t *testing.T) {
+	s, c := newSim(t, Options{ArrivalRate: 0.5, SlowFraction: 1, Seed: 3})
+	type seen struct {
+		progress int64
+		at       time.Time
+	}
+	last := map[string]seen{}
+	var maxGap time.Duration
+	for i := 0; i < 3000; i++ { // 5 minutes
+		c.Advance(100 * time.Millisecond)
+		s.Step()
+		for _, rq := range s.Listing(0).Inflight {
+			p, ok := last[rq.RID]
+			if !ok || rq.Progress > p.progress {
+				last[rq.RID] = seen{rq.Progress, c.Now()}
+				continue
+			}
+			if gap := c.Now().Sub(p.at); gap > maxGap {
+				maxGap = gap
+			}
+		}
+	}
+	if maxGap > 5*time.Second+200*time.Millisecond {
+		t.Fatalf("a slow transfer went %v without progress", maxGap)
+	}
+	long := 0
+	for _, r := range s.Records() {
+		if r.Kind != KindSlow {
+			t.Fatalf("kind %s with SlowFraction 1", r.Kind)
+		}
+		if r.Outcome == OutcomeSuccess && r.Left.Sub(r.EnteredInflight) > time.Minute {
+			long++
+		}
+	}
+	if long == 0 {
+		t.Fatal("no slow transfer took more than a minute")
+	}
+}
+
+func TestHealthChecks(t *testing.T) {
+	s, c := newSim(t, Options{DPSize: 2, HealthCheckEvery: 10 * time.Second})
+	run(s, c, 61*time.Second, 100*time.Millisecond)
+	n := 0
+	for _, r := range s.Records() {
+		if r.Kind != KindHealthCheck || r.Room != 0 || r.Outcome != OutcomeSuccess || len(r.RID) < len("HEALTH_CHECK_1") ||
+			r.RID[:13] != "HEALTH_CHECK_" {
+			t.Fatalf("health check record %+v", r)
+		}
+		n++
+	}
+	if n != 6 {
+		t.Fatalf("%d health checks in 61s, want 6", n)
+	}
+	// A stuck one (PR #28652) stays in WaitingForInput with progress -1.
+	rid, rm := s.Submit(RequestSpec{Behavior: BehaviorStuckHealthCheck})
+	run(s, c, time.Minute, time.Second)
+	rq, ok := room(s.Listing(0), rid)
+	if !ok || rm != 0 || rq.Poll != pluginapi.PollWaitingForInput || rq.Progress != -1 || !rq.HealthCheck ||
+		rq.BootstrapAddr != "2.2.2.2:8998" || rq.PromptTokens != 1 {
+		t.Fatalf("stuck health check: %+v", rq)
+	}
+}
+
+func TestRestart(t *testing.T) {
+	s, c := newSim(t, Options{Era: EraNewest, ArrivalRate: 20, Seed: 11})
+	pinRID, pinRoom := s.Inject(0, PinResurrection)
+	run(s, c, 10*time.Second, 100*time.Millisecond)
+	fail, _ := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: pinRID}, "")
+	if fail != 200 {
+		t.Fatal(fail)
+	}
+	s.Submit(RequestSpec{Behavior: BehaviorPinAbortBeforeRegister})
+	run(s, c, time.Second, 100*time.Millisecond)
+	if v := mustMetric(t, s, "sglang:num_transfer_failed_reqs_total", nil); v != 1 {
+		t.Fatalf("failed counter %v", v)
+	}
+	before := s.Listing(0)
+	if before.Loop.Iterations == 0 || mustMetric(t, s, "sglang:num_requests_total", nil) == 0 {
+		t.Fatal("no traffic before the restart")
+	}
+	s.Restart()
+	after := s.Listing(0)
+	if len(after.Inflight) != 0 || after.Queues != (pluginapi.Queues{}) || after.Loop.Iterations != 0 ||
+		after.Server.PID == before.Server.PID {
+		t.Fatalf("after restart: %+v", after)
+	}
+	for _, name := range []string{"sglang:num_transfer_failed_reqs_total", "sglang:num_requests_total",
+		"sglang:prompt_tokens_total", "sglang:scheduler_loop_iterations_total", "sglang:num_prefill_inflight_queue_reqs"} {
+		if v := mustMetric(t, s, name, nil); v != 0 {
+			t.Errorf("%s = %v after restart", name, v)
+		}
+	}
+	if _, ok := metric(t, s, "sglang:per_stage_req_latency_seconds_count", nil); ok {
+		t.Error("histogram series survived the restart")
+	}
+	lost := 0
+	for _, r := range s.Records() {
+		if r.Outcome == OutcomeRestarted {
+			lost++
+			if r.Left.IsZero() {
+				t.Fatalf("restarted record without Left: %+v", r)
+			}
+		}
+		if r.Outcome == OutcomeInflight || r.Outcome == OutcomeQueued {
+			t.Fatalf("record still in the server: %+v", r)
+		}
+	}
+	if lost == 0 {
+		t.Fatal("no request lost in the restart")
+	}
+	// A later request reuses the pinned room with a new rid.
+	newRID, _ := s.Submit(RequestSpec{Room: pinRoom, Behavior: BehaviorPinResurrection})
+	s.Step()
+	if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: pinRID, BootstrapRoom: &pinRoom}, ""); st != 404 {
+		t.Fatalf("old rid after restart: %d %+v", st, resp)
+	}
+	st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: newRID, BootstrapRoom: &pinRoom}, "")
+	if st != 200 || resp.Result != pluginapi.ResultFlipped || *resp.BootstrapRoom != pinRoom {
+		t.Fatalf("new rid: %d %+v", st, resp)
+	}
+}
+
+func TestParityScenario(t *testing.T) {
+	for _, backend := range []string{BackendNIXL, BackendMooncake} {
+		t.Run(backend, func(t *testing.T) {
+			s, c := newSim(t, Options{Backend: backend, ArrivalRate: 100, HealthCheckEvery: time.Second, Scenario: ScenarioParity})
+			l := s.Listing(0)
+			if len(l.Inflight) != 3 || l.Queues != (pluginapi.Queues{Inflight: 3}) || l.Server.TransferBackend != backend {
+				t.Fatalf("parity listing: %+v", l)
+			}
+			want := []pluginapi.Room{
+				{RID: "pinned-0001", BootstrapRoom: 9223372036854775001, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
+					AgeSeconds: 120, PromptTokens: 4096, Progress: 3},
+				{RID: "healthy-0002", BootstrapRoom: 18446744073709551557, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
+					AgeSeconds: 5, PromptTokens: 4096, Progress: 50},
+				{RID: "HEALTH_CHECK_1764403200.0", BootstrapRoom: 0, BootstrapAddr: "2.2.2.2:8998", Poll: "WaitingForInput",
+					AgeSeconds: 200, PromptTokens: 1, Progress: -1, HealthCheck: true},
+			}
+			for i, w := range want {
+				if l.Inflight[i] != w {
+					t.Errorf("room %d = %+v, want %+v", i, l.Inflight[i], w)
+				}
+			}
+			run(s, c, time.Second, 100*time.Millisecond)
+			l = s.Listing(0)
+			if len(l.Inflight) != 3 || l.Inflight[0].Progress != 3 || l.Inflight[1].Progress != 60 || l.Queues.Bootstrap != 0 {
+				t.Fatalf("after 1s: %+v", l)
+			}
+			if v := mustMetric(t, s, "sglang:num_running_reqs", map[string]string{"model_name": "standin"}); v != 0 {
+				t.Fatal(v)
+			}
+			wantLever := pluginapi.LeverSendFailed
+			if backend == BackendMooncake {
+				wantLever = pluginapi.LeverConcludeState
+			}
+			st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "healthy-0002", DryRun: true}, "")
+			if st != 200 || resp.Result != pluginapi.ResultWouldFlip || resp.Lever != wantLever {
+				t.Fatalf("dry run: %d %+v", st, resp)
+			}
+			st, resp = s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "HEALTH_CHECK_1764403200.0", DryRun: true}, "")
+			if st != 200 || resp.Lever != pluginapi.LeverConcludeState || resp.BootstrapRoom == nil || *resp.BootstrapRoom != 0 {
+				t.Fatalf("health check dry run: %d %+v", st, resp)
+			}
+			st, resp = s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "pinned-0001"}, "")
+			if st != 200 || resp.Result != pluginapi.ResultFlipped || resp.Lever != wantLever ||
+				*resp.BootstrapRoom != 9223372036854775001 || resp.AppliedUnix != unixSeconds(c.Now()) {
+				t.Fatalf("flip: %d %+v", st, resp)
+			}
+			c.Advance(100 * time.Millisecond)
+			s.Step()
+			l = s.Listing(0)
+			if len(l.Inflight) != 2 || mustMetric(t, s, "sglang:num_transfer_failed_reqs_total", nil) != 1 {
+				t.Fatalf("pinned-0001 not released: %+v", l.Inflight)
+			}
+			if r := recordOf(t, s, "pinned-0001"); r.Outcome != OutcomeFailedForced || r.ProgressingWhenForced {
+				t.Fatalf("record %+v", r)
+			}
+			s.Restart()
+			run(s, c, 10*time.Second, 100*time.Millisecond)
+			if l := s.Listing(0); l.Queues != (pluginapi.Queues{}) || len(s.Records()) != 3 {
+				t.Fatalf("parity scene got traffic after a restart: %+v, %d records", l.Queues, len(s.Records()))
+			}
+		})
+	}
+}
+
+// TestReplay100k replays 100k requests over DP8 on the fake clock.
+func TestReplay100k(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replay in -short mode")
+	}
+	start := time.Now()
+	s, c := newSim(t, Options{DPSize: 8, Era: EraNewest, ArrivalRate: 2000, SlowFraction: 0.001,
+		HealthCheckEvery: 10 * time.Second, Seed: 5})
+	for i := 0; i < 8; i++ {
+		s.Inject(i, PinKind(i%3))
+	}
+	run(s, c, 50*time.Second, 100*time.Millisecond)
+	recs := s.Records()
+	elapsed := time.Since(start)
+	t.Logf("replayed %d requests in %v", len(recs), elapsed)
+	if len(recs) < 95000 {
+		t.Fatalf("only %d requests", len(recs))
+	}
+	if elapsed > 30*time.Second {
+		t.Fatalf("replay took %v", elapsed)
+	}
+	if n := len(s.MetricsText()); n == 0 {
+		t.Fatal("empty metrics")
+	}
+}
