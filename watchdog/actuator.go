@@ -55,40 +55,31 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 	}
 	w.act.Lock()
 	defer w.act.Unlock()
-	// After a lever is set on a rank, the rank's other rooms are left to
-	// the next cycle: releasing one request can unblock others (a freed
-	// transfer worker, freed KV pages), and only a fresh listing shows it.
-	flippedOn := map[*rankState]bool{}
 	for _, c := range cands {
 		if ctx.Err() != nil {
 			return
 		}
-		if flippedOn[c.rank] {
-			continue
-		}
-		events, flipped := w.actOne(ctx, c, trigger, asAuto)
-		if flipped {
-			flippedOn[c.rank] = true
-		}
-		w.emit(events)
+		w.emit(w.actOne(ctx, c, trigger, asAuto))
 	}
 }
 
-// actOne takes one candidate through the rails. flipped is true when the
-// plugin set the lever.
-func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAuto bool) (events []Event, flipped bool) {
+// actOne takes one candidate through the rails.
+func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAuto bool) []Event {
 	mode := w.Mode()
 	if asAuto && mode != ModeOff {
 		mode = ModeAuto
 	}
 	if mode == ModeOff {
-		return w.skip(c, SkipModeOff, trigger, "force-fail mode is off"), false
+		return w.skip(c, SkipModeOff, trigger, "force-fail mode is off")
+	}
+	if mode == ModeDryRun && w.dryRan(c) {
+		return nil
 	}
 	// Re-read the listing: the request must be there, unchanged, right
 	// before the call. Progress that arrived since the decision cancels it.
 	l, err := c.rank.source.Inflight(ctx)
 	if err != nil {
-		return w.skip(c, SkipSourceDown, trigger, "re-reading the listing failed: "+err.Error()), false
+		return w.skip(c, SkipSourceDown, trigger, "re-reading the listing failed: "+err.Error())
 	}
 	var now *pluginapi.Room
 	for i := range l.Inflight {
@@ -98,20 +89,20 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		}
 	}
 	if now == nil {
-		return w.skip(c, SkipGone, trigger, "the request left the listing before the call"), false
+		return w.skip(c, SkipGone, trigger, "the request left the listing before the call")
 	}
 	if now.Poll != c.poll || now.Progress != c.progress || l.Loop.Iterations < c.rank.iterations {
-		return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("poll %s→%s, progress %d→%d since the decision", c.poll, now.Poll, c.progress, now.Progress)), false
+		return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("poll %s→%s, progress %d→%d since the decision", c.poll, now.Poll, c.progress, now.Progress))
 	}
 	if !w.allowCall() {
-		return w.skip(c, SkipRateLimited, trigger, fmt.Sprintf("%d force-fail calls in the last minute already", w.cfg.MaxPerMinute)), false
+		return w.skip(c, SkipRateLimited, trigger, fmt.Sprintf("%d force-fail calls in the last minute already", w.cfg.MaxPerMinute))
 	}
 
 	w.mu.Lock()
 	r, ok := c.rank.rooms[c.key]
 	if !ok || r.done || r.acting {
 		w.mu.Unlock()
-		return nil, false
+		return nil
 	}
 	r.acting = true
 	w.mu.Unlock()
@@ -161,13 +152,27 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		w.forceFails[[2]string{result, trigger}]++
 		ev.Result = result
 		logger.Log(append(fields, "result", result, "attempts", r.attempts, "retry", !r.done)...)
+	case result == ResultWouldFlip:
+		r.dryRan = true
+		w.forceFails[[2]string{result, trigger}]++
+		ev.Result = result
+		logger.Log(append(fields, "result", result)...)
 	default:
 		r.done = true
 		w.forceFails[[2]string{result, trigger}]++
 		ev.Result = result
 		logger.Log(append(fields, "result", result)...)
 	}
-	return []Event{ev}, wait
+	return []Event{ev}
+}
+
+// dryRan tells whether the room already had its dry run: a dry run is
+// made once per room, and a switch to auto mode may still act on it.
+func (w *Watchdog) dryRan(c candidate) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, ok := c.rank.rooms[c.key]
+	return !ok || r.dryRan
 }
 
 // classify maps an admin-call answer to a result. wait is true when the

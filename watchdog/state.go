@@ -31,6 +31,7 @@ type roomState struct {
 	// Actuator bookkeeping; only the actuator writes these.
 	acting      bool      // an admin call for this room is under way
 	done        bool      // no further call for this room
+	dryRan      bool      // a dry run answered would_flip; only a real call may follow
 	attempts    int       // calls that ended in error
 	nextAttempt time.Time // earliest retry after an error
 	skipped     map[string]bool

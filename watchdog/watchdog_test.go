@@ -3,6 +3,7 @@ package watchdog
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -375,6 +376,21 @@ func TestDryRunSendsDryRunOncePerRoom(t *testing.T) {
 	}
 }
 
+func TestSwitchFromDryRunToAutoActs(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Mode = ModeDryRun })
+	h.plugin.set(room("r", 1, 0))
+	h.tick(70)
+	h.wd.SetMode(ModeAuto)
+	h.tick(1)
+	if h.plugin.callCount() != 2 || h.plugin.calls[1].DryRun {
+		t.Fatalf("calls %+v, want a dry run then one real call", h.plugin.calls)
+	}
+	h.tick(10)
+	if h.plugin.callCount() != 2 {
+		t.Fatalf("%d calls, want 2", h.plugin.callCount())
+	}
+}
+
 func TestAutoReleasesAndConfirms(t *testing.T) {
 	m := &fakeMetrics{}
 	m.addProgress(TransferFailedFamily, 5)
@@ -420,44 +436,46 @@ func TestUnconfirmedWhenTheRoomStays(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
-	h := newHarness(t, nil)
-	var rooms []pluginapi.Room
-	for i := 0; i < 8; i++ {
-		rooms = append(rooms, room(string(rune('a'+i)), uint64(i+1), 0))
+	var plugins []*fakePlugin
+	h := newHarness(t, func(c *Config) {
+		c.Plugins = nil
+		for i := 0; i < 8; i++ {
+			p := newFakePlugin(fmt.Sprintf("http://127.0.0.1:%d", 30100+i), i)
+			p.set(room(fmt.Sprintf("r%d", i), uint64(i+1), 0))
+			plugins = append(plugins, p)
+			c.Plugins = append(c.Plugins, p)
+		}
+	})
+	calls := func() int {
+		n := 0
+		for _, p := range plugins {
+			n += p.callCount()
+		}
+		return n
 	}
-	h.plugin.set(rooms...)
-	// One lever per rank per cycle: calls at 60 s, 61 s, ... 65 s.
-	h.tick(66)
-	if got := h.plugin.callCount(); got != 6 {
+	tick := func(n int) {
+		for i := 0; i < n; i++ {
+			h.clk.Advance(time.Second)
+			for _, p := range plugins {
+				p.age(time.Second)
+			}
+			h.wd.RunCycle(context.Background())
+		}
+	}
+	tick(60)
+	if got := calls(); got != 6 {
 		t.Fatalf("%d calls in the first minute, want 6", got)
 	}
 	if got := h.wd.Snapshot().Skips[SkipRateLimited]; got != 2 {
 		t.Fatalf("rate_limited skips = %d, want 2", got)
 	}
-	h.tick(53)
-	if got := h.plugin.callCount(); got != 6 {
-		t.Fatalf("%d calls within 60 s of the first one, want 6", got)
+	tick(59)
+	if got := calls(); got != 6 {
+		t.Fatalf("%d calls within 60 s of the first six, want 6", got)
 	}
-	h.tick(1)
-	if got := h.plugin.callCount(); got != 7 {
-		t.Fatalf("%d calls once the first left the window, want 7", got)
-	}
-	h.tick(1)
-	if got := h.plugin.callCount(); got != 8 {
-		t.Fatalf("%d calls once the second left the window, want 8", got)
-	}
-}
-
-func TestOneLeverPerRankPerCycle(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.MaxPerMinute = 100 })
-	h.plugin.set(room("a", 1, 0), room("b", 2, 0), room("c", 3, 0))
-	h.tick(60)
-	if got := h.plugin.callCount(); got != 1 {
-		t.Fatalf("%d levers set on one rank in one cycle, want 1", got)
-	}
-	h.tick(2)
-	if got := h.plugin.callCount(); got != 3 {
-		t.Fatalf("%d calls after two more cycles, want 3", got)
+	tick(1)
+	if got := calls(); got != 8 {
+		t.Fatalf("%d calls once the window moved, want 8", got)
 	}
 }
 
