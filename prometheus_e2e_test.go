@@ -180,7 +180,7 @@ func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 	wdPort := freePort(t)
 	var o options
 	if _, err := newApp(&o).Parse(append([]string{"run",
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", wdPort), "--sglang.metrics-url="+metricsURL,
+		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", wdPort), "--sglang.metrics-url=" + metricsURL,
 		"--sglang.metrics-interval=2s", "--sglang.timeout=1s", "--force-fail.mode=dry-run",
 		"--watchdog.deadline=5s", "--watchdog.stall-window=3s", "--watchdog.pin-window=10s"}, pluginArgs(pluginURLs)...)); err != nil {
 		t.Fatal(err)
