@@ -35,6 +35,11 @@ func simServer(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, string, []
 // watchdogFromArgs builds the watchdog exactly as the run command does,
 // from command-line arguments, then puts it on clk.
 func watchdogFromArgs(t *testing.T, clk clock.Clock, args ...string) *watchdog.Watchdog {
+	wd, _ := watchdogAndOptions(t, clk, args...)
+	return wd
+}
+
+func watchdogAndOptions(t *testing.T, clk clock.Clock, args ...string) (*watchdog.Watchdog, *options) {
 	t.Helper()
 	var o options
 	if _, err := newApp(&o).Parse(append([]string{"run"}, args...)); err != nil {
@@ -49,7 +54,7 @@ func watchdogFromArgs(t *testing.T, clk clock.Clock, args ...string) *watchdog.W
 	if err != nil {
 		t.Fatal(err)
 	}
-	return wd
+	return wd, &o
 }
 
 func pluginArgs(urls []string) []string {

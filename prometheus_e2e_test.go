@@ -178,22 +178,11 @@ func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 
 	// The watchdog, wired as the run command does, in dry-run mode.
 	wdPort := freePort(t)
-	var o options
-	if _, err := newApp(&o).Parse(append([]string{"run",
+	wd, o := watchdogAndOptions(t, clock.Real{}, append([]string{
 		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", wdPort), "--sglang.metrics-url=" + metricsURL,
 		"--sglang.metrics-interval=2s", "--sglang.timeout=1s", "--force-fail.mode=dry-run",
-		"--watchdog.deadline=5s", "--watchdog.stall-window=3s", "--watchdog.pin-window=10s"}, pluginArgs(pluginURLs)...)); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := watchdogConfig(&o, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	wd, err := watchdog.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := newServer(&o, wd, nil, log.NewNopLogger())
+		"--watchdog.deadline=5s", "--watchdog.stall-window=3s", "--watchdog.pin-window=10s"}, pluginArgs(pluginURLs)...)...)
+	srv, err := newServer(o, wd, nil, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

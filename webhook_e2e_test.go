@@ -27,22 +27,10 @@ func TestAlertWebhookReleasesThroughTheRails(t *testing.T) {
 	_, room := sim.Inject(1, sglangsim.PinResurrection)
 
 	port := freePort(t)
-	var o options
-	if _, err := newApp(&o).Parse(append([]string{"run", "--alertmanager.webhook", "--sglang.metrics-url=" + metricsURL,
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port)}, pluginArgs(pluginURLs)...)); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := watchdogConfig(&o, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Clock = clk
-	wd, err := watchdog.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wd, o := watchdogAndOptions(t, clk, append([]string{"--alertmanager.webhook", "--sglang.metrics-url=" + metricsURL,
+		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port)}, pluginArgs(pluginURLs)...)...)
 	receiver := alertwebhook.New(wd, log.NewNopLogger())
-	srv, err := newServer(&o, wd, receiver, log.NewNopLogger())
+	srv, err := newServer(o, wd, receiver, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,21 +81,9 @@ func TestWebhookDisabledMutatesNothing(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	sim, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk})
 	sim.Inject(0, sglangsim.PinResurrection)
-	var o options
-	if _, err := newApp(&o).Parse(append([]string{"run", "--sglang.metrics-url=", "--force-fail.mode=off",
-		"--web.listen-address=127.0.0.1:0"}, pluginArgs(pluginURLs)...)); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := watchdogConfig(&o, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Clock = clk
-	wd, err := watchdog.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := newServer(&o, wd, nil, log.NewNopLogger())
+	wd, o := watchdogAndOptions(t, clk, append([]string{"--sglang.metrics-url=", "--force-fail.mode=off",
+		"--web.listen-address=127.0.0.1:0"}, pluginArgs(pluginURLs)...)...)
+	srv, err := newServer(o, wd, nil, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
