@@ -74,3 +74,25 @@ func TestReadmeDocumentsEveryFlagAndMetric(t *testing.T) {
 		}
 	}
 }
+
+// TestFlagsFromEnvironment checks the SGLANG_WATCHDOG_* variables that a
+// sidecar is configured with, including a repeatable flag, and that the
+// command line wins.
+func TestFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("SGLANG_WATCHDOG_PLUGIN_URL", "http://127.0.0.1:30100\nhttp://127.0.0.1:30101")
+	t.Setenv("SGLANG_WATCHDOG_FORCE_FAIL_MODE", "auto")
+	t.Setenv("SGLANG_WATCHDOG_WATCHDOG_DEADLINE", "90s")
+	var o options
+	if _, err := newApp(&o).Parse([]string{"run", "--watchdog.deadline=2m"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(o.pluginURLs) != 2 || o.pluginURLs[1] != "http://127.0.0.1:30101" {
+		t.Errorf("plugin URLs from the environment: %q", o.pluginURLs)
+	}
+	if o.watch.mode != "auto" {
+		t.Errorf("mode from the environment: %q", o.watch.mode)
+	}
+	if o.watch.deadline.String() != "2m0s" {
+		t.Errorf("deadline %s: the command line must win over the environment", o.watch.deadline)
+	}
+}
