@@ -307,7 +307,8 @@ func (r *rank) newRequest(s *Sim, spec RequestSpec, at time.Time) *request {
 		if q.rid == "" {
 			q.rid = "HEALTH_CHECK_" + pyRepr(unixSeconds(at))
 		}
-		q.addr = FakeBootstrapHost + ":" + strconv.Itoa(BootstrapPort)
+		// SGLang sends health checks with no bootstrap port: the address is the bare host.
+		q.addr = FakeBootstrapHost
 		q.prompt = 1
 	case BehaviorSlow:
 		kind = KindSlow
@@ -832,10 +833,11 @@ func (r *rank) parity(s *Sim, now time.Time) {
 	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096,
 		Behavior: BehaviorPinResurrection, FreezeAt: 3, ChunkEvery: 100 * time.Millisecond, Transfer: time.Second},
 		DefaultBootstrapAddr, 120*time.Second)
-	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 4096,
+	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024,
 		Behavior: BehaviorSlow, Transfer: -1, ChunkEvery: 100 * time.Millisecond},
-		DefaultBootstrapAddr, 5*time.Second)
+		"10.0.0.8:8998", 5*time.Second)
+	// A health check has no bootstrap port, so its address is the bare host.
 	add(RequestSpec{RID: "HEALTH_CHECK_1764403200.0", Behavior: BehaviorStuckHealthCheck},
-		FakeBootstrapHost+":"+strconv.Itoa(BootstrapPort), 200*time.Second)
+		FakeBootstrapHost, 200*time.Second)
 	r.logStats(s, now, 0)
 }

@@ -33,8 +33,6 @@ const (
 	// FakeBootstrapHost is SGLang's FAKE_BOOTSTRAP_HOST (disaggregation/utils.py):
 	// health checks and warm-up requests use the fake sender through it.
 	FakeBootstrapHost = "2.2.2.2"
-	// BootstrapPort is the default --disaggregation-bootstrap-port.
-	BootstrapPort = 8998
 	// DefaultBootstrapAddr is the bootstrap address of normal requests: the
 	// prefill server's own bootstrap server.
 	DefaultBootstrapAddr = "10.0.0.7:8998"
@@ -436,10 +434,10 @@ func (s *Sim) Records() []Record {
 //  1. "pinned-0001", room 9223372036854775001, addr "10.0.0.7:8998", 4096
 //     prompt tokens, Transferring with progress frozen at 3 (a resurrection
 //     pin), entered 120 s ago;
-//  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.7:8998", 4096
+//  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.8:8998", 1024
 //     prompt tokens, Transferring with progress advancing by 1 every 100 ms
 //     of clock time (50 at setup) and never finishing, entered 5 s ago;
-//  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2:8998", 1 prompt
+//  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2", 1 prompt
 //     token, fake sender in WaitingForInput for ever (progress -1), entered
 //     200 s ago.
 //

@@ -309,7 +309,7 @@ func TestHealthChecks(t *testing.T) {
 	run(s, c, time.Minute, time.Second)
 	rq, ok := room(s.Listing(0), rid)
 	if !ok || rm != 0 || rq.Poll != pluginapi.PollWaitingForInput || rq.Progress != -1 || !rq.HealthCheck ||
-		rq.BootstrapAddr != "2.2.2.2:8998" || rq.PromptTokens != 1 {
+		rq.BootstrapAddr != FakeBootstrapHost || rq.PromptTokens != 1 {
 		t.Fatalf("stuck health check: %+v", rq)
 	}
 }
@@ -384,9 +384,9 @@ func TestParityScenario(t *testing.T) {
 			want := []pluginapi.Room{
 				{RID: "pinned-0001", BootstrapRoom: 9223372036854775001, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
 					AgeSeconds: 120, PromptTokens: 4096, Progress: 3},
-				{RID: "healthy-0002", BootstrapRoom: 18446744073709551557, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
-					AgeSeconds: 5, PromptTokens: 4096, Progress: 50},
-				{RID: "HEALTH_CHECK_1764403200.0", BootstrapRoom: 0, BootstrapAddr: "2.2.2.2:8998", Poll: "WaitingForInput",
+				{RID: "healthy-0002", BootstrapRoom: 18446744073709551557, BootstrapAddr: "10.0.0.8:8998", Poll: "Transferring",
+					AgeSeconds: 5, PromptTokens: 1024, Progress: 50},
+				{RID: "HEALTH_CHECK_1764403200.0", BootstrapRoom: 0, BootstrapAddr: "2.2.2.2", Poll: "WaitingForInput",
 					AgeSeconds: 200, PromptTokens: 1, Progress: -1, HealthCheck: true},
 			}
 			for i, w := range want {
