@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
+)
+
+const parityToken = "parity-token"
+
+// startStandin runs the real Python plugin on its stand-in scheduler loop
+// (sglang_plugin/tests/standin_server.py, scenario parity) and returns its
+// plugin and metrics base URLs.
+func startStandin(t *testing.T, backend, tokenFile string) (string, string) {
+	t.Helper()
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 not found: install the Debian package python3 (scripts/deps.sh does)")
+	}
+	cmd := exec.Command(python, filepath.Join("sglang_plugin", "tests", "standin_server.py"),
+		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile, "--scenario", "parity")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("stand-in stderr:\n%s", tail(stderr.Bytes(), 3000))
+		}
+	})
+	ready := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		ready <- line
+	}()
+	var line string
+	select {
+	case line = <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the stand-in never said READY; stderr:\n%s", stderr.String())
+	}
+	var pluginPort, metricsPort int
+	if _, err := fmt.Sscanf(line, "READY plugin=%d metrics=%d", &pluginPort, &metricsPort); err != nil {
+		t.Fatalf("unexpected stand-in line %q: %v; stderr:\n%s", line, err, stderr.String())
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", pluginPort), fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+}
+
+func tokenFile(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(parityToken+"\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPythonPluginWithTheWatchdog runs the Go client and the watchdog
+// against the real plugin code: list, force-fail the pinned request,
+// confirm its release through SGLang's transfer-failed counter, and leave
+// the progressing request and the health check alone.
+func TestPythonPluginWithTheWatchdog(t *testing.T) {
+	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
+		t.Run(backend, func(t *testing.T) {
+			tok := tokenFile(t)
+			pluginURL, metricsURL := startStandin(t, backend, tok)
+
+			l, err := pluginapi.NewClient(pluginURL, pluginapi.ClientOptions{Timeout: 2 * time.Second}).Inflight(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(l.Inflight) != 3 || l.Inflight[1].BootstrapRoom != 18446744073709551557 || l.Server.TransferBackend != backend {
+				t.Fatalf("listing %+v", l)
+			}
+
+			wd := watchdogFromArgs(t, clock.Real{}, "--plugin.url="+pluginURL, "--plugin.token-file="+tok,
+				"--sglang.metrics-url="+metricsURL, "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
+				"--watchdog.stall-window=2s", "--force-fail.mode=auto")
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go wd.Run(ctx)
+			waitFor(t, "the pinned request released and confirmed", 30*time.Second, func() bool {
+				return wd.Snapshot().ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] == 1
+			})
+			cancel()
+
+			l, err = pluginapi.NewClient(pluginURL, pluginapi.ClientOptions{Timeout: 2 * time.Second}).Inflight(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var left []string
+			for _, r := range l.Inflight {
+				left = append(left, r.RID)
+			}
+			if !reflect.DeepEqual(left, []string{"healthy-0002", "HEALTH_CHECK_1764403200.0"}) {
+				t.Fatalf("inflight after the release: %v, want the progressing request and the health check", left)
+			}
+			s := wd.Snapshot()
+			for _, r := range watchdog.Results {
+				if n := s.ForceFails[[2]string{r, watchdog.TriggerAuto}]; r != watchdog.ResultReleased && n != 0 {
+					t.Errorf("%d force-fails ended %s", n, r)
+				}
+			}
+		})
+	}
+}
+
+// exchange is one HTTP request and what came back.
+type exchange struct {
+	name   string
+	method string
+	path   string
+	auth   string
+	body   string
+}
+
+type answerShape struct {
+	Status int
+	Fields map[string]string // field → JSON type
+	Values map[string]interface{}
+	Text   string
+}
+
+// exactFields are compared by value; the rest by JSON type only, as they
+// depend on time, pid or version.
+var exactFields = map[string]bool{
+	"result": true, "rid": true, "bootstrap_room": true, "lever": true,
+	"api_version": true, "bootstrap_addr": true, "poll": true, "prompt_tokens": true,
+	"send_failed": true, "health_check": true, "dp_rank": true, "pp_rank": true, "tp_rank": true,
+	"disaggregation_mode": true, "transfer_backend": true, "bootstrap": true, "waiting": true, "inflight_count": true,
+}
+
+// floatFields are seconds; either side may happen to write a whole number.
+var floatFields = map[string]bool{"age_seconds": true, "now_unix": true, "last_iteration_unix": true, "applied_unix": true}
+
+func jsonType(v interface{}) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "bool"
+	case json.Number:
+		if strings.ContainsAny(string(v.(json.Number)), ".eE") {
+			return "number"
+		}
+		return "integer"
+	case string:
+		return "string"
+	case []interface{}:
+		return "array"
+	case map[string]interface{}:
+		return "object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// shape flattens a JSON answer into field paths with types, and the values
+// of the fields that must match exactly.
+func shape(status int, body []byte) answerShape {
+	a := answerShape{Status: status, Fields: map[string]string{}, Values: map[string]interface{}{}}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v interface{}
+	if err := dec.Decode(&v); err != nil {
+		a.Text = strings.TrimSpace(string(body))
+		return a
+	}
+	var walk func(prefix string, v interface{})
+	walk = func(prefix string, v interface{}) {
+		switch x := v.(type) {
+		case map[string]interface{}:
+			for k, e := range x {
+				walk(prefix+"."+k, e)
+			}
+		case []interface{}:
+			for i, e := range x {
+				walk(fmt.Sprintf("%s[%d]", prefix, i), e)
+			}
+		default:
+			leaf := prefix[strings.LastIndexAny(prefix, ".]")+1:]
+			a.Fields[prefix] = jsonType(x)
+			if floatFields[leaf] && a.Fields[prefix] == "integer" {
+				// Go writes a whole float64 without a decimal point.
+				a.Fields[prefix] = "number"
+			}
+			if exactFields[leaf] {
+				a.Values[prefix] = x
+			}
+		}
+	}
+	walk("", v)
+	// progress is exact except for the request whose transfer advances.
+	for k, f := range a.Fields {
+		if strings.HasSuffix(k, ".progress") && f == "integer" {
+			a.Values[k] = "integer"
+		}
+	}
+	return a
+}
+
+func do(t *testing.T, base string, e exchange) answerShape {
+	t.Helper()
+	req, err := http.NewRequest(e.method, base+e.path, strings.NewReader(e.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.auth != "" {
+		req.Header.Set("Authorization", e.auth)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", e.name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return shape(resp.StatusCode, body)
+}
+
+// TestGoSimulatorAndPythonPluginAnswerAlike sends the same requests to the
+// simulator's and the real plugin's parity scene, and requires the same
+// status codes, the same fields with the same JSON types, and the same
+// values wherever they do not depend on time or process. The two cannot
+// drift apart from the contract without this test failing.
+func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
+	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
+		t.Run(backend, func(t *testing.T) {
+			pyURL, _ := startStandin(t, backend, tokenFile(t))
+			_, _, goURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity})
+
+			bearer := "Bearer " + parityToken
+			ff := func(name, body string) exchange {
+				return exchange{name: name, method: http.MethodPost, path: pluginapi.PathForceFail, auth: bearer, body: body}
+			}
+			exchanges := []exchange{
+				{name: "healthz", method: http.MethodGet, path: pluginapi.PathHealthz},
+				{name: "listing", method: http.MethodGet, path: pluginapi.PathInflight},
+				{name: "no token", method: http.MethodPost, path: pluginapi.PathForceFail, body: `{"rid":"pinned-0001"}`},
+				{name: "wrong token", method: http.MethodPost, path: pluginapi.PathForceFail, auth: "Bearer nope", body: `{"rid":"pinned-0001"}`},
+				ff("not json", `not json`),
+				ff("no rid", `{}`),
+				ff("rid not a string", `{"rid":5}`),
+				ff("negative room", `{"rid":"pinned-0001","bootstrap_room":-1}`),
+				ff("room too large", `{"rid":"pinned-0001","bootstrap_room":18446744073709551616}`),
+				ff("dry_run not a bool", `{"rid":"pinned-0001","dry_run":"yes"}`),
+				ff("body too large", `{"rid":"pinned-0001","reason":"`+strings.Repeat("x", 70000)+`"}`),
+				ff("unknown rid", `{"rid":"nobody"}`),
+				ff("room mismatch", `{"rid":"pinned-0001","bootstrap_room":1}`),
+				ff("dry run", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"dry_run":true,"future_field":1}`),
+				ff("dry run, 64-bit room", `{"rid":"healthy-0002","bootstrap_room":18446744073709551557,"dry_run":true}`),
+				ff("dry run, health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0,"dry_run":true}`),
+				ff("flip", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"reason":"parity"}`),
+			}
+			for _, e := range exchanges {
+				py, gs := do(t, pyURL, e), do(t, goURLs[0], e)
+				if !reflect.DeepEqual(py, gs) {
+					t.Errorf("%s: the Python plugin and the simulator differ\n python:    %s\n simulator: %s", e.name, dump(py), dump(gs))
+				}
+			}
+			// After the flip, the next pass releases the request in both.
+			gone := ff("after release", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001}`)
+			waitFor(t, "both to release the pinned request", 10*time.Second, func() bool {
+				return do(t, pyURL, gone).Status == http.StatusNotFound && do(t, goURLs[0], gone).Status == http.StatusNotFound
+			})
+			py, gs := do(t, pyURL, gone), do(t, goURLs[0], gone)
+			if !reflect.DeepEqual(py, gs) {
+				t.Errorf("after release: differ\n python:    %s\n simulator: %s", dump(py), dump(gs))
+			}
+		})
+	}
+}
+
+func dump(a answerShape) string {
+	keys := make([]string, 0, len(a.Fields))
+	for k := range a.Fields {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	fmt.Fprintf(&b, "status %d", a.Status)
+	if a.Text != "" {
+		fmt.Fprintf(&b, " text %q", a.Text)
+	}
+	for _, k := range keys {
+		fmt.Fprintf(&b, " %s:%s", k, a.Fields[k])
+		if v, ok := a.Values[k]; ok {
+			fmt.Fprintf(&b, "=%v", v)
+		}
+	}
+	return b.String()
+}
