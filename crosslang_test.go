@@ -162,7 +162,7 @@ var exactFields = map[string]bool{
 	"result": true, "rid": true, "bootstrap_room": true, "lever": true,
 	"api_version": true, "bootstrap_addr": true, "poll": true, "prompt_tokens": true,
 	"send_failed": true, "health_check": true, "dp_rank": true, "pp_rank": true, "tp_rank": true,
-	"disaggregation_mode": true, "transfer_backend": true, "bootstrap": true, "waiting": true, "inflight_count": true,
+	"disaggregation_mode": true, "transfer_backend": true, "bootstrap": true, "waiting": true, "inflight": true,
 }
 
 // floatFields are seconds; either side may happen to write a whole number.
