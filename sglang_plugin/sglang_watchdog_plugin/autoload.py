@@ -1,0 +1,81 @@
+"""Loads the hook into SGLang releases that predate the plugin framework.
+
+sglang_watchdog_plugin.pth imports this module at every interpreter start,
+including SGLang's spawned scheduler processes. All it does there is put a
+finder on sys.meta_path that ignores every module except
+``sglang.srt.disaggregation.prefill``; once that module has executed, the
+hook is installed on its mixin. Processes that never import SGLang are left
+alone, and no failure here may break interpreter start or SGLang.
+
+Where SGLang's plugin framework exists and this package's entry point is
+installed, the framework loads the hook instead (honouring SGLANG_PLUGINS),
+so the method is never wrapped twice.
+"""
+
+import sys
+
+_PREFILL_MODULE = "sglang.srt.disaggregation.prefill"
+
+
+class _PrefillFinder:
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _PREFILL_MODULE:
+            return None
+        try:
+            spec = self._find_elsewhere(fullname, path, target)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
+                return None
+            spec.loader = _HookingLoader(spec.loader)
+            return spec
+        except Exception:
+            return None  # let the import machinery carry on as if we were not there
+
+    def _find_elsewhere(self, fullname, path, target):
+        for finder in list(sys.meta_path):
+            find_spec = getattr(finder, "find_spec", None)
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+
+
+class _HookingLoader:
+    """Delegates to the real loader and installs the hook once the module has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            if not _plugin_framework_loads_us():
+                from .hook import install
+
+                install(module.SchedulerDisaggregationPrefillMixin)
+        except Exception:
+            import logging
+
+            logging.getLogger("sglang_watchdog_plugin").exception(
+                "could not hook %s; SGLang runs without the watchdog plugin", _PREFILL_MODULE
+            )
+
+
+def _plugin_framework_loads_us():
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    if importlib.util.find_spec("sglang.srt.plugins") is None:
+        return False
+    return any(ep.name == "sglang_watchdog" for ep in entry_points(group="sglang.srt.plugins"))
+
+
+if not any(isinstance(finder, _PrefillFinder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _PrefillFinder())

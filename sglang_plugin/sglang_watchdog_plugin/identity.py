@@ -1,0 +1,80 @@
+"""Who a scheduler is (ranks, mode, backend), across SGLang's attribute layouts."""
+
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Identity:
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    pp_size: int
+    attn_tp_rank: int
+    attn_cp_rank: int
+    mode: str
+    backend: str
+
+    @property
+    def index(self):
+        """Listener offset from the base port (documented port mapping)."""
+        return self.dp_rank * self.pp_size + self.pp_rank
+
+    @property
+    def serves_listener(self):
+        # SGLang MIN-reduces polls over the attention TP (then CP) group, so the
+        # group leader sees every request of its (dp, pp) rank and its flip
+        # fails the request on the whole group.
+        return self.mode == "prefill" and self.attn_tp_rank == 0 and self.attn_cp_rank == 0
+
+
+def identify(scheduler):
+    # Newest SGLang keeps ranks in a parallel-state object `ps`; older releases
+    # have them as plain scheduler attributes.
+    ps = getattr(scheduler, "ps", None)
+
+    def rank(name, default):
+        value = getattr(ps, name, None) if ps is not None else None
+        if value is None:
+            value = getattr(scheduler, name, None)
+        return default if value is None else int(value)
+
+    tp_rank = rank("tp_rank", 0)
+    return Identity(
+        tp_rank=tp_rank,
+        dp_rank=rank("dp_rank", 0),
+        pp_rank=rank("pp_rank", 0),
+        pp_size=rank("pp_size", 1),
+        # Without DP attention the attention TP group is the TP group.
+        attn_tp_rank=rank("attn_tp_rank", tp_rank),
+        attn_cp_rank=rank("attn_cp_rank", 0),
+        mode=_mode_name(getattr(scheduler, "disaggregation_mode", None)),
+        backend=_backend_name(scheduler),
+    )
+
+
+def _mode_name(mode):
+    # DisaggregationMode ("null", "prefill", "decode") or a plain string; an
+    # enum without string values is known by its name.
+    if mode is None:
+        return "null"
+    value = getattr(mode, "value", mode)
+    return (value if isinstance(value, str) else getattr(mode, "name", str(value))).lower()
+
+
+def _backend_name(scheduler):
+    configured = getattr(getattr(scheduler, "server_args", None), "disaggregation_transfer_backend", None)
+    if configured:
+        return str(getattr(configured, "value", configured)).lower()
+    # Fall back to the class of a live sender; fake senders only serve health checks.
+    for req in getattr(scheduler, "disagg_prefill_inflight_queue", ()):
+        name = type(getattr(req, "disagg_kv_sender", None)).__name__
+        if name.endswith("KVSender") and not name.startswith("Fake"):
+            return name[: -len("KVSender")].lower()
+    return "unknown"
+
+
+def sglang_version():
+    # Read from the loaded package only: importing sglang here would be costly
+    # and pointless in processes (and tests) that do not run it.
+    return str(getattr(sys.modules.get("sglang"), "__version__", None) or "unknown")

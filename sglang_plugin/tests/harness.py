@@ -1,0 +1,94 @@
+"""Test plumbing: hooks the stand-in mixins, runs scheduler loops, speaks HTTP."""
+
+import http.client
+import json
+import os
+import socket
+import time
+from unittest import mock
+
+from sglang_watchdog_plugin import hook
+
+from . import standins
+
+# The .pth path patches SGLang's mixin the same way.
+hook.install(standins.PrefillMixin)
+hook.install(standins.OldPrefillMixin)
+
+
+def plugin_env(**overrides):
+    env = {
+        "SGLANG_WATCHDOG_PLUGIN_HOST": "127.0.0.1",
+        "SGLANG_WATCHDOG_PLUGIN_PORT": "0",
+        "SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": "",
+        "SGLANG_WATCHDOG_PLUGIN_DISABLE": "",
+    }
+    env.update(overrides)
+    return env
+
+
+def start_loop(scheduler, env=None, **loop_args):
+    """Starts the scheduler loop; returns (loop, monitor) once the first hooked pass ran."""
+    loop = standins.SchedulerLoop(scheduler, **loop_args)
+    with mock.patch.dict(os.environ, plugin_env() if env is None else env):
+        loop.start()
+        loop.wait_passes(2)
+    return loop, hook.monitor_for(scheduler)
+
+
+def free_ports(count):
+    """A base port such that base .. base+count-1 are free on 127.0.0.1 right now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no run of free ports found")
+
+
+class Client:
+    def __init__(self, port, host="127.0.0.1"):
+        self.host = host
+        self.port = port
+
+    def request(self, method, path, body=None, headers=None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=15)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            return response.status, response.getheader("Content-Type"), response.read()
+        finally:
+            conn.close()
+
+    def get_json(self, path="/debug/inflight"):
+        status, _, body = self.request("GET", path)
+        return status, json.loads(body)
+
+    def force_fail(self, payload, token=None, raw=None):
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        body = raw if raw is not None else json.dumps(payload).encode()
+        status, _, answer = self.request("POST", "/admin/force_fail", body=body, headers=headers)
+        return status, json.loads(answer)
+
+
+def wait_until(predicate, timeout=5.0, message="condition not reached"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
+        time.sleep(0.005)

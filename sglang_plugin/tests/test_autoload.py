@@ -1,0 +1,92 @@
+"""The .pth loader, run in fresh interpreters against a fake sglang package."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+PLUGIN_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PREFILL = """
+class SchedulerDisaggregationPrefillMixin:
+    def process_disagg_prefill_inflight_queue(self, rids_to_check=None):
+        return ["original", rids_to_check]
+"""
+
+# Loads the site directory the way site.py loads site-packages at start-up,
+# so the real .pth line runs; then reports what the process looks like.
+PROBE = """
+import json, site, sys
+site.addsitedir(sys.argv[1])
+report = {"loaded_before": sorted(m for m in sys.modules if m.startswith(("sglang", "http", "logging")))}
+if sys.argv[2] == "import":
+    from sglang.srt.disaggregation import prefill
+    method = prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
+    report["hooked"] = getattr(method, "__sglang_watchdog_hook__", False)
+    report["result"] = method(object(), ["r1"])
+print(json.dumps(report))
+"""
+
+
+class AutoloadTest(unittest.TestCase):
+    def setUp(self):
+        self.root = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.root)
+        self.site = os.path.join(self.root, "site")
+        os.makedirs(self.site)
+        shutil.copy(os.path.join(PLUGIN_ROOT, "sglang_watchdog_plugin.pth"), self.site)
+        self.write("sglang/__init__.py", "__version__ = '0.0.test'\n")
+        self.write("sglang/srt/__init__.py", "")
+        self.write("sglang/srt/disaggregation/__init__.py", "")
+        self.write("sglang/srt/disaggregation/prefill.py", PREFILL)
+
+    def write(self, relative, text):
+        path = os.path.join(self.root, "pkgs", relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(textwrap.dedent(text))
+
+    def probe(self, mode):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([PLUGIN_ROOT, os.path.join(self.root, "pkgs")]))
+        done = subprocess.run([sys.executable, "-c", PROBE, self.site, mode], env=env, capture_output=True,
+                              timeout=60, check=True)
+        return json.loads(done.stdout), done.stderr.decode()
+
+    def test_inert_in_processes_without_sglang(self):
+        report, stderr = self.probe("nothing")
+        # Only the tiny loader: no SGLang, no listener, no logging machinery.
+        self.assertEqual(report["loaded_before"], ["sglang_watchdog_plugin", "sglang_watchdog_plugin.autoload"])
+        self.assertEqual(stderr, "")
+
+    def test_hooks_the_mixin_when_sglang_imports_it(self):
+        report, stderr = self.probe("import")
+        self.assertTrue(report["hooked"], stderr)
+        self.assertEqual(report["result"], ["original", ["r1"]])  # not a prefill scheduler: passes through
+
+    def test_defers_to_the_plugin_framework(self):
+        self.write("sglang/srt/plugins/__init__.py", "")
+        self.write("sglang_watchdog_plugin-0.1.0.dist-info/METADATA",
+                   "Metadata-Version: 2.1\nName: sglang-watchdog-plugin\nVersion: 0.1.0\n")
+        self.write("sglang_watchdog_plugin-0.1.0.dist-info/entry_points.txt",
+                   "[sglang.srt.plugins]\nsglang_watchdog = sglang_watchdog_plugin:register\n")
+        report, _ = self.probe("import")
+        self.assertFalse(report["hooked"])
+
+    def test_a_changed_sglang_is_not_broken(self):
+        self.write("sglang/srt/disaggregation/prefill.py", "VALUE = 1\n")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([PLUGIN_ROOT, os.path.join(self.root, "pkgs")]))
+        done = subprocess.run(
+            [sys.executable, "-c",
+             "import site, sys; site.addsitedir(sys.argv[1]); "
+             "from sglang.srt.disaggregation import prefill; print(prefill.VALUE)", self.site],
+            env=env, capture_output=True, timeout=60, check=True)
+        self.assertEqual(done.stdout, b"1\n")
+        self.assertIn(b"could not hook sglang.srt.disaggregation.prefill", done.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,160 @@
+import hmac
+import os
+import socket
+import tempfile
+import unittest
+from unittest import mock
+
+from sglang_watchdog_plugin import server
+from sglang_watchdog_plugin.config import Config
+
+from . import harness, standins
+
+ROOM = 6619432765110349211
+
+
+class HttpTest(unittest.TestCase):
+    token = None
+
+    def setUp(self):
+        env = harness.plugin_env()
+        if self.token is not None:
+            fd, path = tempfile.mkstemp()
+            os.write(fd, f"  {self.token}\n".encode())
+            os.close(fd)
+            self.addCleanup(os.unlink, path)
+            env["SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE"] = path
+        self.mgr = standins.KVManager()
+        self.sender = standins.NixlKVSender(self.mgr, ROOM)
+        self.scheduler = standins.NewScheduler()
+        self.scheduler.disagg_prefill_inflight_queue = [standins.Req("r1", ROOM, self.sender)]
+        self.loop, self.monitor = harness.start_loop(self.scheduler, env)
+        self.addCleanup(self.loop.stop)
+        self.addCleanup(self.monitor.close)
+        self.client = harness.Client(self.monitor.listener.port)
+
+
+class OpenListenerTest(HttpTest):
+    def test_healthz(self):
+        self.assertEqual(self.client.request("GET", "/healthz"), (200, "text/plain; charset=utf-8", b"ok"))
+
+    def test_listing_is_json(self):
+        status, content_type, _ = self.client.request("GET", "/debug/inflight?verbose=1")
+        self.assertEqual((status, content_type), (200, "application/json"))
+
+    def test_unknown_paths_and_methods(self):
+        for method, path in (("GET", "/nope"), ("POST", "/admin/other"), ("POST", "/debug/inflight")):
+            status, content_type, _ = self.client.request(method, path, body=b"{}")
+            self.assertEqual((status, content_type), (404, "application/json"), (method, path))
+        self.assertEqual(self.client.request("GET", "/admin/force_fail")[0], 405)
+
+    def test_bad_requests(self):
+        cases = [
+            b"not json",
+            b"",
+            b"[1, 2]",
+            b'"rid"',
+            b"{}",
+            b'{"rid": ""}',
+            b'{"rid": 7}',
+            b'{"rid": null}',
+            b'{"rid": "r1", "bootstrap_room": -1}',
+            b'{"rid": "r1", "bootstrap_room": 18446744073709551616}',
+            b'{"rid": "r1", "bootstrap_room": 1.0}',
+            b'{"rid": "r1", "bootstrap_room": "6619432765110349211"}',
+            b'{"rid": "r1", "bootstrap_room": true}',
+            b'{"rid": "r1", "bootstrap_room": null}',
+            b'{"rid": "r1", "dry_run": "yes"}',
+            b'{"rid": "r1", "dry_run": 0}',
+            b'{"rid": "r1", "bootstrap_room": ' + b"9" * 5000 + b"}",
+            b"\xff\xfe{",
+        ]
+        for raw in cases:
+            status, body = self.client.force_fail(None, raw=raw)
+            self.assertEqual((status, body["result"]), (400, "bad_request"), raw[:60])
+            self.assertIsInstance(body["error"], str)
+        self.assertEqual(self.sender.write_threads, [])
+
+    def test_body_limit(self):
+        padding = " " * (server.MAX_BODY_BYTES - 40)
+        fits = ('{"rid": "r1", "dry_run": true}' + padding).encode()
+        self.assertLessEqual(len(fits), server.MAX_BODY_BYTES)
+        self.assertEqual(self.client.force_fail(None, raw=fits)[1]["result"], "would_flip")
+
+        too_big = ('{"rid": "r1", "dry_run": true}' + padding + " " * 100).encode()
+        self.assertGreater(len(too_big), server.MAX_BODY_BYTES)
+        self.assertEqual(self.client.force_fail(None, raw=too_big), (400, {
+            "result": "bad_request", "error": f"body larger than {server.MAX_BODY_BYTES} bytes"}))
+
+    def test_missing_content_length(self):
+        with socket.create_connection(("127.0.0.1", self.monitor.listener.port), timeout=10) as conn:
+            conn.sendall(b"POST /admin/force_fail HTTP/1.0\r\nHost: x\r\n\r\n")
+            answer = conn.makefile("rb").read()
+        self.assertTrue(answer.startswith(b"HTTP/1.0 400"), answer[:40])
+
+    def test_open_on_loopback_without_token(self):
+        status, body = self.client.force_fail({"rid": "r1", "bootstrap_room": ROOM, "dry_run": True})
+        self.assertEqual((status, body["result"]), (200, "would_flip"))
+
+
+class TokenTest(HttpTest):
+    token = "s3cr3t-t0ken"
+
+    def test_token_required_on_admin_only(self):
+        for token in (None, "wrong", "s3cr3t-t0ke", self.token + "x", ""):
+            status, body = self.client.force_fail({"rid": "r1", "dry_run": True}, token=token)
+            self.assertEqual((status, body["result"]), (401, "unauthorized"), token)
+            self.assertIsInstance(body["error"], str)
+        status, body = self.client.force_fail({"rid": "r1", "dry_run": True}, token=self.token)
+        self.assertEqual((status, body["result"]), (200, "would_flip"))
+        self.assertEqual(self.client.request("GET", "/debug/inflight")[0], 200)
+        self.assertEqual(self.client.request("GET", "/healthz")[0], 200)
+
+    def test_auth_is_decided_before_the_body(self):
+        status, body = self.client.force_fail(None, raw=b"not json")
+        self.assertEqual((status, body["result"]), (401, "unauthorized"))
+
+    def test_wrong_scheme_is_refused(self):
+        status, _, _ = self.client.request("POST", "/admin/force_fail", body=b'{"rid": "r1"}',
+                                           headers={"Authorization": f"Basic {self.token}"})
+        self.assertEqual(status, 401)
+
+    def test_comparison_is_constant_time(self):
+        with mock.patch.object(server.hmac, "compare_digest", wraps=hmac.compare_digest) as compare:
+            self.client.force_fail({"rid": "r1", "dry_run": True}, token="guess")
+        compare.assert_called_once_with(b"guess", self.token.encode())
+
+
+class AdminRefusalTest(unittest.TestCase):
+    def test_admin_needs_a_token_off_loopback(self):
+        self.assertTrue(Config(host="127.0.0.1").admin_allowed)
+        self.assertTrue(Config(host="127.0.0.2").admin_allowed)
+        self.assertTrue(Config(host="::1").admin_allowed)
+        self.assertTrue(Config(host="localhost").admin_allowed)
+        self.assertFalse(Config(host="0.0.0.0").admin_allowed)
+        self.assertFalse(Config(host="10.1.2.3").admin_allowed)
+        self.assertFalse(Config(host="pod.example").admin_allowed)
+        self.assertTrue(Config(host="0.0.0.0", token=b"t").admin_allowed)
+        self.assertFalse(Config(host="127.0.0.1", token_unusable=True).admin_allowed)
+
+    def test_refused_listener_still_serves_the_listing(self):
+        # An unusable token file closes /admin/* through the same check as a
+        # non-loopback bind without a token, while binding loopback only.
+        env = harness.plugin_env(SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE="/nonexistent/token")
+        scheduler = standins.NewScheduler()
+        sender = standins.NixlKVSender(standins.KVManager(), 1)
+        scheduler.disagg_prefill_inflight_queue = [standins.Req("r1", 1, sender)]
+        with self.assertLogs("sglang_watchdog_plugin", "WARNING") as logs:
+            loop, monitor = harness.start_loop(scheduler, env)
+        self.addCleanup(loop.stop)
+        self.addCleanup(monitor.close)
+        self.assertTrue(any("/admin/* stays closed" in line for line in logs.output))
+        client = harness.Client(monitor.listener.port)
+        status, body = client.force_fail({"rid": "r1"})
+        self.assertEqual((status, body["result"]), (401, "unauthorized"))
+        self.assertEqual(client.request("GET", "/debug/inflight")[0], 200)
+        self.assertEqual(sender.write_threads, [])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,132 @@
+import threading
+import unittest
+
+from sglang_watchdog_plugin import observe, orders
+
+from . import standins
+from .standins import KVPoll
+
+
+def order(rid, room=None, dry_run=False):
+    return orders.ForceFailOrder(rid, room, "test", dry_run)
+
+
+class ApplyOrderTest(unittest.TestCase):
+    def setUp(self):
+        self.mgr = standins.KVManager()
+
+    def test_already_failed_when_the_lever_is_set(self):
+        sender = standins.NixlKVSender(self.mgr, 1)
+        sender._send_failed = True
+        outcome = orders.apply_order(order("a"), [standins.Req("a", 1, sender)])
+        self.assertEqual((outcome.status, outcome.body["result"], outcome.body["lever"]),
+                         (200, "already_failed", "_send_failed"))
+
+    def test_already_failed_when_the_last_poll_failed(self):
+        sender = standins.MooncakeKVSender(self.mgr, 2, status=KVPoll.Failed)
+        outcome = orders.apply_order(order("b", 2, dry_run=True), [standins.Req("b", 2, sender)])
+        self.assertEqual((outcome.body["result"], outcome.body["lever"]), ("already_failed", "conclude_state"))
+        self.assertEqual(sender.write_threads, [])
+
+    def test_nixl_ignores_conclude_state_like_its_poll(self):
+        # abort() sets conclude_state, but NIXL's poll() never reads it: the
+        # request is still stuck and must be flippable.
+        sender = standins.NixlKVSender(self.mgr, 6)
+        sender.conclude_state = KVPoll.Failed
+        self.assertEqual(observe.observe(sender, 6), (KVPoll.Transferring, 0, False))
+        outcome = orders.apply_order(order("f"), [standins.Req("f", 6, sender)])
+        self.assertEqual((outcome.body["result"], outcome.body["lever"]), ("flipped", "_send_failed"))
+        self.assertEqual(sender.poll(), KVPoll.Failed)
+
+    def test_request_without_sender_is_an_internal_error(self):
+        outcome = orders.apply_order(order("c"), [standins.Req("c", 3, None)])
+        self.assertEqual((outcome.status, outcome.body["result"]), (500, "internal_error"))
+
+    def test_reason_reaches_the_failure_records(self):
+        sender = standins.MooncakeKVSender(self.mgr, 4)
+        outcome = orders.apply_order(orders.ForceFailOrder("d", 4, "pinned 900s", False),
+                                     [standins.Req("d", 4, sender)])
+        self.assertEqual(outcome.body["result"], "flipped")
+        self.assertEqual(self.mgr.failure_records[4], "force-failed by sglang-watchdog: pinned 900s")
+
+    def test_failing_record_failure_still_flips(self):
+        class Manager(standins.KVManager):
+            def record_failure(self, room, reason):
+                raise RuntimeError("records are full")
+
+        sender = standins.NixlKVSender(Manager(), 5)
+        with self.assertLogs("sglang_watchdog_plugin", "ERROR"):
+            outcome = orders.apply_order(order("e"), [standins.Req("e", 5, sender)])
+        self.assertEqual(outcome.body["result"], "flipped")
+        self.assertTrue(sender._send_failed)
+
+
+class OrderHandOverTest(unittest.TestCase):
+    def test_withdrawn_order_cannot_be_claimed(self):
+        o = order("a")
+        self.assertIsNone(o.wait(0.01))
+        self.assertFalse(o.claim())
+
+    def test_claimed_order_is_waited_for_past_the_timeout(self):
+        o = order("a")
+        self.assertTrue(o.claim())
+        done = orders.Outcome(200, {"result": "flipped"})
+        threading.Timer(0.2, o.finish, args=(done,)).start()
+        self.assertIs(o.wait(0.01), done)
+
+    def test_claim_and_withdraw_never_both_win(self):
+        for _ in range(300):
+            o = order("a")
+            claimed = []
+            barrier = threading.Barrier(2)
+
+            def scheduler_side():
+                barrier.wait()
+                if o.claim():
+                    claimed.append(True)
+                    o.finish(orders.Outcome(200, {}))
+
+            t = threading.Thread(target=scheduler_side)
+            t.start()
+            barrier.wait()
+            answer = o.wait(0)
+            t.join()
+            self.assertEqual(answer is None, not claimed)
+
+
+class ObserveTest(unittest.TestCase):
+    def test_poll_names(self):
+        self.assertEqual([observe.poll_name(c) for c in (0, 1, 2, 3, 4, -1, 9)],
+                         ["Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success", "Unknown",
+                          "Unknown"])
+        self.assertEqual(observe.as_poll_code(True), observe.UNKNOWN)
+        self.assertEqual(observe.as_poll_code("3"), observe.UNKNOWN)
+
+    def test_newest_nixl_reads_unknown_rooms_as_waiting(self):
+        mgr = standins.NewestNixlKVManager()
+        sender = standins.NixlKVSender(mgr, 1, chunk_id=2)
+        mgr.request_status.clear()
+        self.assertEqual(observe.observe(sender, 1), (KVPoll.WaitingForInput, 2, False))
+
+    def test_fake_sender_follows_has_sent(self):
+        sender = standins.FakeKVSender(standins.FakeKVManager(), has_sent=True)
+        self.assertEqual(observe.observe(sender, 0), (KVPoll.Success, -1, False))
+
+    def test_mooncake_lever_shows_as_send_failed(self):
+        sender = standins.MooncakeKVSender(standins.KVManager(), 1, curr_idx=8)
+        observe.pull_lever(sender)
+        self.assertEqual(observe.observe(sender, 1), (KVPoll.Failed, 8, True))
+
+    def test_observing_never_polls(self):
+        class NoPoll(standins.MooncakeKVSender):
+            def poll(self):
+                raise AssertionError("poll() called")
+
+        mgr = standins.KVManager()
+        sender = NoPoll(mgr, 1, status=KVPoll.Success)
+        self.assertEqual(observe.observe(sender, 1)[0], KVPoll.Success)
+        self.assertIsNone(sender.conclude_state)
+
+
+if __name__ == "__main__":
+    unittest.main()
