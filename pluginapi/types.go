@@ -36,6 +36,7 @@ const (
 	ResultNotFound              = "not_found"
 	ResultRoomMismatch          = "room_mismatch"
 	ResultSchedulerUnresponsive = "scheduler_unresponsive"
+	ResultInternalError         = "internal_error"
 )
 
 // Levers the plugin can set.

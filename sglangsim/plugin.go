@@ -194,7 +194,9 @@ func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
 	default:
 		return req, "rid must be a string"
 	}
-	if raw, ok := obj["bootstrap_room"]; ok && raw != nil {
+	// null is refused rather than read as absent: a client that meant to
+	// name the room but lost it must not fail whichever request has the rid.
+	if raw, ok := obj["bootstrap_room"]; ok {
 		n, isNum := raw.(json.Number)
 		if !isNum {
 			return req, "bootstrap_room must be a non-negative integer below 2^64"
@@ -205,7 +207,7 @@ func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
 		}
 		req.BootstrapRoom = &room
 	}
-	if raw, ok := obj["dry_run"]; ok && raw != nil {
+	if raw, ok := obj["dry_run"]; ok {
 		b, isBool := raw.(bool)
 		if !isBool {
 			return req, "dry_run must be a boolean"
