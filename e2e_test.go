@@ -65,11 +65,15 @@ func pluginArgs(urls []string) []string {
 	return args
 }
 
-// step advances simulated time by one interval, lets the scheduler loops
-// take a pass at the new time, and runs one watch cycle.
+// step advances simulated time by one interval in tenths, letting the
+// scheduler loops take passes along the way (so that requests enter the
+// inflight queue at distinct times, as they do on a real server), and runs
+// one watch cycle.
 func step(clk *clock.Fake, wd *watchdog.Watchdog, second int) {
-	clk.Advance(time.Second)
-	time.Sleep(3 * time.Millisecond)
+	for i := 0; i < 10; i++ {
+		clk.Advance(100 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
+	}
 	if second%15 == 0 {
 		wd.ScrapeMetrics(context.Background())
 	}

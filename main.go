@@ -12,6 +12,7 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -206,8 +207,15 @@ func readToken(path string) (string, error) {
 func checkURLs(allowRemote bool, urls ...string) error {
 	for _, u := range urls {
 		if allowRemote {
-			if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			parsed, err := url.Parse(u)
+			if err != nil {
+				return fmt.Errorf("invalid URL %q: %w", u, err)
+			}
+			if parsed.Scheme != "http" && parsed.Scheme != "https" {
 				return fmt.Errorf("URL %q: scheme must be http or https", u)
+			}
+			if parsed.Hostname() == "" {
+				return fmt.Errorf("URL %q has no host", u)
 			}
 			continue
 		}
@@ -342,7 +350,8 @@ func (s *server) close() {
 
 // serve runs the HTTP server until ctx ends.
 func (s *server) serve(ctx context.Context, flags *web.FlagConfig, logger log.Logger) error {
-	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 15 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- web.ServeMultiple(s.listeners, srv, flags, logging.Slog(logger)) }()
 	select {

@@ -23,7 +23,12 @@ import (
 // DefaultMaxMetricsBytes caps a /metrics body. A DP8 payload is about
 // 600 KB; a wide deployment with --enable-metrics-for-all-schedulers is an
 // order of magnitude more.
-const DefaultMaxMetricsBytes = 32 << 20
+const DefaultMaxMetricsBytes = 8 << 20
+
+// MaxWatchedLines bounds the lines of watched families parsed from one
+// body (expfmt costs about 12 bytes of heap per byte parsed). A DP8 server
+// with --enable-metrics-for-all-schedulers has a few hundred.
+const MaxWatchedLines = 10000
 
 // queueFamilies maps SGLang's PD queue gauges (every era's name) to the
 // watchdog's queue names.
@@ -114,7 +119,13 @@ func (s *MetricsScraper) Scrape(ctx context.Context) (*watchdog.MetricsSample, e
 // performance-notes: about 20x cheaper than parsing everything), then
 // expfmt parses those lines. Errors name the line of the original body.
 func ParseMetrics(body []byte) (*watchdog.MetricsSample, error) {
-	filtered, lineOf := filterFamilies(body)
+	filtered, lineOf, sglang := filterSGLang(body)
+	if !sglang {
+		return nil, errors.New("no SGLang metrics in the body (no sglang: family): is --sglang.metrics-url SGLang's /metrics?")
+	}
+	if len(lineOf) > MaxWatchedLines {
+		return nil, fmt.Errorf("%d lines of watched families, more than %d: refusing to parse them", len(lineOf), MaxWatchedLines)
+	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(filtered))
 	if err != nil {
@@ -204,6 +215,13 @@ func value(m *dto.Metric) float64 {
 // watchdog uses and drops the rest. lineOf maps each kept line to its line
 // number in body.
 func filterFamilies(body []byte) (out []byte, lineOf []int) {
+	out, lineOf, _ = filterSGLang(body)
+	return out, lineOf
+}
+
+// filterSGLang is filterFamilies that also tells whether any line names an
+// SGLang family (sglang:...), watched or not.
+func filterSGLang(body []byte) (out []byte, lineOf []int, sglang bool) {
 	out = make([]byte, 0, 4096)
 	line := 0
 	for len(body) > 0 {
@@ -214,36 +232,46 @@ func filterFamilies(body []byte) (out []byte, lineOf []int) {
 		} else {
 			l, body = append(body, '\n'), nil
 		}
-		if keepLine(l) {
+		keep, isSGLang := keepLine(l)
+		sglang = sglang || isSGLang
+		if keep {
+			if len(lineOf) == MaxWatchedLines {
+				return nil, append(lineOf, line), sglang // ParseMetrics refuses it
+			}
 			out = append(out, l...)
 			lineOf = append(lineOf, line)
 		}
 	}
-	return out, lineOf
+	return out, lineOf, sglang
 }
 
-func keepLine(l []byte) bool {
+var sglangPrefix = []byte("sglang:")
+
+// keepLine tells whether a line belongs to a watched family, and whether it
+// names any SGLang family at all.
+func keepLine(l []byte) (keep, sglang bool) {
 	t := bytes.TrimLeft(l, " \t")
 	if len(t) == 0 || t[0] == '\n' || t[0] == '\r' {
-		return false
+		return false, false
 	}
 	if t[0] == '#' {
 		f := bytes.Fields(t)
 		if len(f) >= 3 && (bytes.Equal(f[1], []byte("HELP")) || bytes.Equal(f[1], []byte("TYPE"))) {
-			return wantFamily(string(f[2]))
+			return wantFamily(string(f[2])), bytes.HasPrefix(f[2], sglangPrefix)
 		}
-		return false
+		return false, false
 	}
 	end := bytes.IndexAny(t, "{ \t")
 	if end < 0 {
 		// A lone token is malformed; keep it so that the parser reports it.
-		return true
+		return true, false
 	}
 	name := t[:end]
+	sglang = bytes.HasPrefix(name, sglangPrefix)
 	if bytes.HasPrefix(name, []byte(perStageFamily)) {
-		return string(name) == perStageFamily+"_count" && bytes.Contains(t, []byte(transferStageLabel))
+		return string(name) == perStageFamily+"_count" && bytes.Contains(t, []byte(transferStageLabel)), true
 	}
-	return wantFamily(string(name))
+	return wantFamily(string(name)), sglang
 }
 
 func wantFamily(name string) bool {

@@ -13,9 +13,19 @@ import (
 	"time"
 )
 
-// DefaultMaxBodyBytes caps a listing body. 10k rooms serialize to about
-// 2.5 MB, so 16 MiB leaves room for growth and still bounds memory.
-const DefaultMaxBodyBytes = 16 << 20
+// DefaultMaxBodyBytes caps a listing body: about 8k rooms, far more than
+// a real inflight queue holds, and small enough that two full listings and
+// a full /metrics fit the sidecar's 64 MiB (docs/hardening.md).
+const DefaultMaxBodyBytes = 2 << 20
+
+// directTransport is http.DefaultTransport without a proxy from the
+// environment: the bearer token goes to the configured URL and nowhere
+// else. One for all clients, so that connections are pooled as before.
+var directTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	return t
+}()
 
 // ClientOptions configure a Client.
 type ClientOptions struct {
@@ -52,7 +62,7 @@ func NewClient(baseURL string, opts ClientOptions) *Client {
 	}
 	transport := opts.Transport
 	if transport == nil {
-		transport = http.DefaultTransport
+		transport = directTransport
 	}
 	return &Client{
 		base: strings.TrimRight(baseURL, "/"),
@@ -147,6 +157,10 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 	}
 	var out ForceFailResponse
 	if err := json.Unmarshal(body, &out); err != nil || out.Result == "" {
+		if c.token != "" {
+			// Something in between may echo the request's headers.
+			body = bytes.ReplaceAll(body, []byte(c.token), []byte("[REDACTED]"))
+		}
 		return resp.StatusCode, nil, fmt.Errorf("plugin %s%s: HTTP %d with an unusable body: %s", c.base, PathForceFail, resp.StatusCode, snippet(body))
 	}
 	return resp.StatusCode, &out, nil

@@ -43,23 +43,45 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 			out = append(out, candidate{rank: rk, key: key, poll: r.poll, progress: r.progress, age: r.age})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].age > out[j].age })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].age != out[j].age {
+			return out[i].age > out[j].age
+		}
+		return out[i].key.rid < out[j].key.rid
+	})
 	return out
 }
 
 // actuate walks the candidates through the rails. asAuto makes a dry-run
 // watchdog act for real (the Alertmanager trigger); mode off always wins.
-func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger string, asAuto bool) {
+func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger string, asAuto bool, until time.Time) {
 	if len(cands) == 0 {
 		return
 	}
 	w.act.Lock()
 	defer w.act.Unlock()
+	flipped := map[*rankState]bool{}
 	for _, c := range cands {
 		if ctx.Err() != nil {
 			return
 		}
-		w.emit(w.actOne(ctx, c, trigger, asAuto))
+		// A cycle stops starting calls once its interval is spent: the rest
+		// are decided again on the next cycle's listings.
+		if !until.IsZero() && !w.clock.Now().Before(until) {
+			return
+		}
+		// A lever set on a rank may unblock its other rooms (a wedged
+		// transfer shard): decide on them from the next listing.
+		if flipped[c.rank] {
+			continue
+		}
+		evs := w.actOne(ctx, c, trigger, asAuto)
+		for _, e := range evs {
+			if e.Kind == EventForceFail && (e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed) {
+				flipped[c.rank] = true
+			}
+		}
+		w.emit(evs)
 	}
 }
 
@@ -74,6 +96,11 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	}
 	if mode == ModeDryRun && w.dryRan(c) {
 		return nil
+	}
+	// The re-read below costs the plugin a full listing: only make it for
+	// a call the rate limit would let through.
+	if !w.callAvailable() {
+		return w.skip(c, SkipRateLimited, trigger, fmt.Sprintf("%d force-fail calls in the last minute already", w.cfg.MaxPerMinute))
 	}
 	// Re-read the listing: the request must be there, unchanged, right
 	// before the call. Progress that arrived since the decision cancels it.
@@ -195,8 +222,9 @@ func classify(status int, resp *pluginapi.ForceFailResponse, err error) (result 
 	}
 }
 
-// allowCall enforces the global limit on admin calls over any 60 s.
-func (w *Watchdog) allowCall() bool {
+// callAvailable tells whether the rate limit would let a call through now,
+// without taking the slot. Caller holds w.act.
+func (w *Watchdog) callAvailable() bool {
 	now := w.clock.Now()
 	kept := w.callTimes[:0]
 	for _, t := range w.callTimes {
@@ -205,10 +233,16 @@ func (w *Watchdog) allowCall() bool {
 		}
 	}
 	w.callTimes = kept
-	if len(w.callTimes) >= w.cfg.MaxPerMinute {
+	return len(w.callTimes) < w.cfg.MaxPerMinute
+}
+
+// allowCall takes a slot of the global limit on admin calls over any 60 s.
+// Caller holds w.act.
+func (w *Watchdog) allowCall() bool {
+	if !w.callAvailable() {
 		return false
 	}
-	w.callTimes = append(w.callTimes, now)
+	w.callTimes = append(w.callTimes, w.clock.Now())
 	return true
 }
 
@@ -300,6 +334,6 @@ func (w *Watchdog) TriggerRank(ctx context.Context, dpRank, ppRank int) (int, er
 	if !found {
 		return 0, fmt.Errorf("no plugin rank with dp_rank %d and pp_rank %d", dpRank, ppRank)
 	}
-	w.actuate(ctx, cands, TriggerAlert, true)
+	w.actuate(ctx, cands, TriggerAlert, true, time.Time{})
 	return len(cands), nil
 }

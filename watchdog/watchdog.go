@@ -320,7 +320,7 @@ func (w *Watchdog) RunCycle(ctx context.Context) {
 	w.mu.Unlock()
 	w.emit(events)
 
-	w.actuate(ctx, candidates, TriggerAuto, false)
+	w.actuate(ctx, candidates, TriggerAuto, false, start.Add(w.cfg.Interval))
 
 	w.mu.Lock()
 	w.lastCycle = w.clock.Now().Sub(start)
@@ -342,6 +342,11 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	l := res.listing
 	rk.status.up = true
 	rk.status.lastErr = ""
+	if rk.listed && (l.Loop.Iterations < rk.iterations || l.Server.PID != rk.server.PID) {
+		level.Warn(w.logger).Log("msg", "scheduler restarted: the requests it held are gone", "target", rk.status.target,
+			"dp_rank", l.Server.DPRank, "pp_rank", l.Server.PPRank, "old_pid", rk.server.PID, "pid", l.Server.PID,
+			"old_iterations", rk.iterations, "iterations", l.Loop.Iterations, "rooms_tracked", len(rk.rooms))
+	}
 	rk.server = l.Server
 	rk.queues = l.Queues
 	rk.dpLabel, rk.ppLabel = l.Server.DPRank, l.Server.PPRank
@@ -368,7 +373,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		seen[key] = struct{}{}
 		r, ok := rk.rooms[key]
 		if !ok {
-			if w.tracked >= w.cfg.MaxRooms {
+			if w.tracked >= w.cfg.MaxRooms || len(rk.rooms) >= max(1, w.cfg.MaxRooms/len(w.ranks)) {
 				limitHit = true
 				continue
 			}

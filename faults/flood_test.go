@@ -1,0 +1,111 @@
+package faults
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
+)
+
+func flood(e *env, rank, n int) {
+	for i := 0; i < n; i++ {
+		e.sim.Submit(sglangsim.RequestSpec{Rank: rank, Behavior: sglangsim.BehaviorSlow, Transfer: -1})
+	}
+}
+
+// TestFaultRoomFloodIsCapped: a rank lists 1500 progressing rooms with
+// --watchdog.max-rooms=500. Tracking stops at the cap, every listing over
+// it is counted and logged, memory stays flat while the flood lasts, a pin
+// tracked before the flood is still released, and tracking resumes when
+// the flood drains.
+func TestFaultRoomFloodIsCapped(t *testing.T) {
+	e := newEnv(t, envOptions{sim: sglangsim.Options{DPSize: 2, Seed: 13},
+		mutate: func(c *watchdog.Config) { c.MaxRooms = 500 }})
+	pin, _ := e.sim.Inject(0, sglangsim.PinResurrection)
+	e.tick(2)
+	flood(e, 0, 1500)
+	e.tick(30)
+	heap30 := heapInUse()
+	hits30, _ := e.metric("sglang_watchdog_room_limit_hits_total")
+	e.tick(90)
+	heap120 := heapInUse()
+
+	// At most the cap; at least a fair share of it (2 ranks).
+	e.wantMetric("tracking capped", func(v float64) bool { return v >= 250 && v <= 500 }, "sglang_watchdog_tracked_rooms")
+	if hits, _ := e.metric("sglang_watchdog_room_limit_hits_total"); hits-hits30 < 90 {
+		t.Errorf("room_limit_hits_total rose by %v over 90 cycles over the cap, want one per listing", hits-hits30)
+	}
+	e.wantLog("level=error", "room limit reached", "max_rooms=500", "listed=1501")
+	if growth := int64(heap120) - int64(heap30); growth > 8*mib {
+		t.Errorf("live heap grew by %d KiB in 90 s of a steady flood", growth>>10)
+	}
+	if r := e.record(pin); r.Outcome != sglangsim.OutcomeFailedForced {
+		t.Errorf("the pin tracked before the flood was not released: %+v", r)
+	}
+	e.checkSafe()
+	t.Logf("live heap %d MiB after 30 s of the flood, %d MiB after 120 s", heap30/mib, heap120/mib)
+
+	e.sim.Restart() // the flood drains
+	e.tick(2)
+	pin2, _ := e.sim.Inject(0, sglangsim.PinAbortBeforeRegister)
+	e.tick(70)
+	if r := e.record(pin2); r.Outcome != sglangsim.OutcomeFailedForced {
+		t.Errorf("tracking did not resume after the flood: %+v", r)
+	}
+	if v, _ := e.metric("sglang_watchdog_tracked_rooms"); v > 5 {
+		t.Errorf("%v rooms tracked after the flood drained", v)
+	}
+}
+
+// TestFaultRoomFloodOnOneRankBlindsTheOthers: the cap is global, so one
+// rank that floods (a bug, a burst, a misbehaving plugin) takes every slot
+// and a pinned request on a healthy rank is never tracked, never reported
+// stuck and never released while the flood lasts. Each rank should keep a
+// share of the cap.
+func TestFaultRoomFloodOnOneRankBlindsTheOthers(t *testing.T) {
+	e := newEnv(t, envOptions{sim: sglangsim.Options{DPSize: 2, Seed: 13},
+		mutate: func(c *watchdog.Config) { c.MaxRooms = 500 }})
+	flood(e, 0, 600)
+	e.tick(5)
+	pin, _ := e.sim.Inject(1, sglangsim.PinResurrection)
+	e.tick(70)
+	if r := e.record(pin); r.Outcome != sglangsim.OutcomeFailedForced {
+		t.Errorf("the pin on the healthy rank was not released: %+v", r)
+	}
+}
+
+// TestFaultWedgeReleaseSparesTheRoomsBehindIt: a stuck transfer handle
+// blocks every room of its shard (room % 4) behind it while traffic keeps
+// coming, so the blocked rooms look stuck too. Oldest first, the wedging
+// room is failed first, which frees the shard; but the same cycle goes on
+// down the candidate list with observations taken before the flip, and the
+// re-read right before each call cannot show progress that needs a
+// scheduler pass to happen, so it also fails rooms that the flip had just
+// unblocked (requests that would have completed). After a lever is set on
+// a rank, the rank's other candidates should wait for the next cycle's
+// listing.
+func TestFaultWedgeReleaseSparesTheRoomsBehindIt(t *testing.T) {
+	e := newEnv(t, envOptions{sim: sglangsim.Options{DPSize: 1, Seed: 17, ArrivalRate: 20, TransferMedian: 300 * time.Millisecond}})
+	wedge, _ := e.sim.Inject(0, sglangsim.PinStuckHandle)
+	e.tick(180)
+	if r := e.record(wedge); r.Outcome != sglangsim.OutcomeFailedForced {
+		t.Fatalf("the wedging room was not released: %+v", r)
+	}
+	blocked, forcedBlocked := 0, 0
+	for _, r := range e.sim.Records() {
+		if r.Kind == sglangsim.KindBlockedByWedge {
+			blocked++
+			if !r.ForcedAt.IsZero() {
+				forcedBlocked++
+			}
+		}
+	}
+	if blocked == 0 {
+		t.Fatal("setup: no room was blocked behind the wedge")
+	}
+	if forcedBlocked != 0 {
+		t.Errorf("%d of %d rooms blocked behind the wedge were force-failed in the cycle that freed them", forcedBlocked, blocked)
+	}
+	e.checkSafe()
+}
