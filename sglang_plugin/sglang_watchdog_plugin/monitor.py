@@ -3,7 +3,9 @@
 Threading model: only the scheduler thread (inside the hooked pass) reads
 SGLang objects or changes them. It publishes a Snapshot by swapping one
 attribute; the HTTP threads read that snapshot and the loop counters, and
-hand force-fail orders over through a deque.
+hand force-fail orders over through a deque. At most MAX_PENDING_ORDERS
+orders wait in it; an HTTP thread that gives up on its order takes it out
+again, so a stuck scheduler loop does not collect them.
 
 Cost model, per pass: a counter bump and two length checks when nothing
 changed. When the queue length changed, the snapshot takes the live
@@ -18,17 +20,27 @@ append outside the pass.
 import collections
 import logging
 import os
+import threading
 import time
 from typing import NamedTuple
 
 from .identity import sglang_version
 from .observe import UNKNOWN, observe, poll_name
-from .orders import ForceFailOrder, apply_order, internal_error, not_found, room_mismatch, unresponsive
+from .orders import (
+    ForceFailOrder,
+    apply_order,
+    internal_error,
+    not_found,
+    room_mismatch,
+    too_many_orders,
+    unresponsive,
+)
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
 API_VERSION = 1
 ORDER_TIMEOUT_S = 5.0
+MAX_PENDING_ORDERS = 64
 REOBSERVE_INTERVAL_S = 0.1
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils.FAKE_BOOTSTRAP_HOST
 _ERROR_LOG_INTERVAL_S = 60.0
@@ -71,11 +83,15 @@ class Monitor:
     def __init__(self, identity):
         self.identity = identity
         self.order_timeout = ORDER_TIMEOUT_S
+        self.max_pending_orders = MAX_PENDING_ORDERS
         self.iterations = 0
         self.last_iteration_unix = 0.0
         self.snapshot = _EMPTY
         self.listener = None
         self._orders = collections.deque()
+        # HTTP threads only: makes the length check and the append one step.
+        # The scheduler thread never takes it (it only pops, which keeps the bound).
+        self._enqueue_lock = threading.Lock()
         # Scheduler thread only from here on.
         self._rooms = {}  # id(req) -> room tuple, shared with the latest snapshot
         self._last_queue = None  # the queue list at the last publication, and its length
@@ -213,10 +229,22 @@ class Monitor:
         if bootstrap_room is not None and bootstrap_room != known.bootstrap_room:
             return room_mismatch(rid, known.bootstrap_room)
         order = ForceFailOrder(rid, bootstrap_room, reason, dry_run)
-        self._orders.append(order)
+        with self._enqueue_lock:
+            pending = len(self._orders)
+            if pending >= self.max_pending_orders:
+                return too_many_orders(rid, pending)
+            self._orders.append(order)
         timeout = self.order_timeout
         outcome = order.wait(timeout)
-        return unresponsive(rid, timeout) if outcome is None else outcome
+        if outcome is not None:
+            return outcome
+        # Withdrawn: take it out now rather than leave it to the next pass,
+        # which may be far off while the scheduler loop is stuck.
+        try:
+            self._orders.remove(order)
+        except (ValueError, IndexError):
+            pass  # the scheduler thread popped it first (and skips it: it is withdrawn)
+        return unresponsive(rid, timeout)
 
     def close(self):
         if self.listener is not None:

@@ -129,6 +129,18 @@ def unresponsive(rid, timeout):
     )
 
 
+def too_many_orders(rid, pending):
+    return Outcome(
+        503,
+        {
+            "result": "scheduler_unresponsive",
+            "rid": rid,
+            "error": f"{pending} force-fail orders are already waiting for the scheduler loop; "
+            "this one was not queued",
+        },
+    )
+
+
 def internal_error(rid, error):
     return Outcome(500, {"result": "internal_error", "rid": rid, "error": error})
 

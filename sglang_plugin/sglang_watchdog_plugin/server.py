@@ -3,13 +3,21 @@
 The contract is docs/plugin-api.md, including its "Project clarifications".
 Handlers run on the listener's own threads and only read the Monitor's
 published state; force-fail orders are handed to the scheduler thread.
+
+Limits, so that no client can pile up threads in the scheduler process: at
+most MAX_CONNECTIONS connections are served at once (one more is answered 503
+and closed at once, by the accepting thread, without blocking), and each
+request (request line, headers and body) must arrive within
+REQUEST_DEADLINE_S of the connection's start, or the connection is closed.
 """
 
 import hmac
+import io
 import json
 import logging
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -22,6 +30,27 @@ MAX_BODY_BYTES = 64 * 1024
 # seeing a connection reset instead of our answer; past this, just close.
 _DRAIN_LIMIT_BYTES = 1024 * 1024
 _ROOM_LIMIT = 2**64
+
+MAX_CONNECTIONS = 16
+REQUEST_DEADLINE_S = 10.0
+# Socket timeout of each read and of each write of the answer.
+IO_TIMEOUT_S = 10.0
+_REFUSAL_LOG_INTERVAL_S = 60.0
+
+
+def _busy_response(limit):
+    body = json.dumps(
+        {"result": "busy", "error": f"the listener already serves {limit} connections; try again later"},
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        "HTTP/1.0 503 Service Unavailable\r\n"
+        "Server: sglang-watchdog-plugin\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    return head + body
 
 
 class Listener:
@@ -57,6 +86,13 @@ def start_listener(monitor, config):
         listener.host, listener.port, ident.dp_rank, ident.pp_rank, ident.tp_rank, ident.backend,
         "set" if config.token is not None else "not set",
     )
+    if config.admin_allowed and config.token is None:
+        logger.warning(
+            "sglang-watchdog plugin serves /admin/* on %s without a token: every process that can reach this "
+            "address (on loopback, every process in the pod) can force-fail requests; "
+            "set SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE to require one",
+            config.host,
+        )
     if not config.admin_allowed:
         logger.warning(
             "sglang-watchdog plugin refuses /admin/* on %s: set a usable SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE "
@@ -68,6 +104,55 @@ def start_listener(monitor, config):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._busy_response = _busy_response(self.max_connections)
+        self._refused = 0
+        self._next_refusal_log = 0.0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        # Runs on the accepting thread: must never block.
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request, client_address)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request, client_address):
+        try:
+            request.setblocking(False)
+            try:
+                # Whatever of the request has already arrived: closing with
+                # unread bytes would reset the connection before the client
+                # reads the answer.
+                request.recv(65536)
+            except OSError:
+                pass
+            request.send(self._busy_response)  # a few hundred bytes into an empty send buffer
+        except OSError:
+            pass
+        self.shutdown_request(request)
+        self._refused += 1
+        now = time.monotonic()
+        if now >= self._next_refusal_log:
+            logger.warning(
+                "sglang-watchdog plugin refused %d connection(s) (latest from %s): all %d connection slots are busy",
+                self._refused, client_address[0], self.max_connections,
+            )
+            self._refused = 0
+            self._next_refusal_log = now + _REFUSAL_LOG_INTERVAL_S
 
     def handle_error(self, request, client_address):
         # Mostly clients going away mid-answer: not worth a traceback on stderr.
@@ -82,8 +167,16 @@ class _Handler(BaseHTTPRequestHandler):
     monitor = None
     config = None
     server_version = "sglang-watchdog-plugin"
-    # A stalled client must not hold a listener thread forever.
-    timeout = 10
+    timeout = IO_TIMEOUT_S
+    # A stalled or trickling client must not hold a listener thread forever:
+    # the whole request must arrive within this many seconds.
+    request_deadline = REQUEST_DEADLINE_S
+
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # the plain socket reader; the socket itself stays open
+        deadline = time.monotonic() + self.request_deadline
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline, self.timeout))
 
     def do_GET(self):
         path = urlsplit(self.path).path
@@ -189,6 +282,32 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):
         logger.debug("sglang-watchdog plugin %s - %s", self.address_string(), format % args)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's socket, readable until a deadline; then every read raises TimeoutError.
+
+    BaseHTTPRequestHandler closes the connection on TimeoutError, whether it
+    comes while reading the request line, the headers or the body.
+    """
+
+    def __init__(self, sock, deadline, io_timeout):
+        self._sock = sock
+        self._deadline = deadline
+        self._io_timeout = io_timeout
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive within its deadline")
+        self._sock.settimeout(min(remaining, self._io_timeout))
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._io_timeout)  # for writing the answer
 
 
 def _is_int(value):

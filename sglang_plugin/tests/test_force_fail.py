@@ -133,6 +133,49 @@ class ForceFailTest(unittest.TestCase):
         self.assertIn("nixl-1", self.rids())
         self.assertEqual(len(self.monitor._orders), 0)
 
+    def test_withdrawn_orders_leave_the_queue_at_once(self):
+        # While the loop is stuck, no pass would ever clear them.
+        self.monitor.order_timeout = 0.05
+        self.loop.pause()
+        for _ in range(5):
+            status, body = self.client.force_fail({"rid": "nixl-1", "bootstrap_room": NIXL_ROOM})
+            self.assertEqual((status, body["result"]), (503, "scheduler_unresponsive"))
+            self.assertEqual(len(self.monitor._orders), 0)
+        self.loop.resume()
+        self.loop.wait_passes(5)
+        self.assertEqual(self.nixl.write_threads, [])
+        self.assertIn("nixl-1", self.rids())
+
+    def test_pending_orders_are_bounded(self):
+        self.monitor.max_pending_orders = 2
+        self.loop.pause()
+        results = {}
+
+        def ask(rid):
+            results[rid] = self.client.force_fail({"rid": rid, "dry_run": True})
+
+        threads = [threading.Thread(target=ask, args=(rid,)) for rid in ("nixl-1", "mooncake-1")]
+        for t in threads:
+            t.start()
+        harness.wait_until(lambda: len(self.monitor._orders) == 2)
+
+        started = time.monotonic()
+        status, body = self.client.force_fail({"rid": "nixl-1", "bootstrap_room": NIXL_ROOM})
+        self.assertLess(time.monotonic() - started, 1.0)  # not queued, so not waited for
+        self.assertEqual(status, 503)
+        self.assertEqual(set(body), {"result", "rid", "error"})
+        self.assertEqual((body["result"], body["rid"]), ("scheduler_unresponsive", "nixl-1"))
+        self.assertEqual(len(self.monitor._orders), 2)
+
+        self.loop.resume()
+        for t in threads:
+            t.join(10)
+        self.assertEqual({rid: (status, body["result"]) for rid, (status, body) in results.items()},
+                         {"nixl-1": (200, "would_flip"), "mooncake-1": (200, "would_flip")})
+        self.loop.wait_passes(5)
+        self.assertFalse(self.nixl._send_failed)
+        self.assertEqual(self.nixl.write_threads, [])
+
 
 if __name__ == "__main__":
     unittest.main()

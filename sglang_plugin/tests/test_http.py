@@ -1,7 +1,10 @@
 import hmac
+import json
 import os
+import select
 import socket
 import tempfile
+import time
 import unittest
 from unittest import mock
 
@@ -123,6 +126,102 @@ class TokenTest(HttpTest):
         with mock.patch.object(server.hmac, "compare_digest", wraps=hmac.compare_digest) as compare:
             self.client.force_fail({"rid": "r1", "dry_run": True}, token="guess")
         compare.assert_called_once_with(b"guess", self.token.encode())
+
+
+class ListenerLimitsTest(HttpTest):
+    def connect(self):
+        return socket.create_connection(("127.0.0.1", self.monitor.listener.port), timeout=5)
+
+    def healthz_ok(self):
+        try:
+            return self.client.request("GET", "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def test_connections_beyond_the_limit_are_refused_at_once(self):
+        # Idle connections each hold a listener thread until their deadline.
+        held = [self.connect() for _ in range(server.MAX_CONNECTIONS)]
+        try:
+            with self.connect() as extra:
+                extra.settimeout(3)
+                started = time.monotonic()
+                try:
+                    answer = extra.makefile("rb").read()  # up to the server's close
+                except TimeoutError:
+                    self.fail("a connection beyond the limit was kept waiting")
+                self.assertLess(time.monotonic() - started, 2)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            self.assertTrue(head.startswith(b"HTTP/1.0 503 "), head)
+            self.assertIn(b"Content-Type: application/json", head)
+            payload = json.loads(body)
+            self.assertEqual(payload["result"], "busy")
+            self.assertIsInstance(payload["error"], str)
+        finally:
+            for conn in held:
+                conn.close()
+        # The slots come back once those connections end.
+        harness.wait_until(self.healthz_ok, message="the listener did not take connections again")
+        for _ in range(server.MAX_CONNECTIONS + 4):
+            self.assertTrue(self.healthz_ok())
+
+    def trickle_until_closed(self, head, limit_s=5.0):
+        """Sends `head`, then one more byte every 0.2 s; returns the seconds until the server closed."""
+        with self.connect() as conn:
+            started = time.monotonic()
+            conn.sendall(head)
+            while time.monotonic() - started < limit_s:
+                readable, _, _ = select.select([conn], [], [], 0.2)
+                try:
+                    if readable and conn.recv(4096) == b"":
+                        return time.monotonic() - started
+                    conn.sendall(b"a")
+                except OSError:  # reset or broken pipe: closed as well
+                    return time.monotonic() - started
+        self.fail(f"the server still read the trickled request after {limit_s:g}s")
+
+    def test_trickled_requests_are_cut_at_the_deadline(self):
+        cases = {
+            "request line": b"GET /heal",
+            "headers": b"GET /healthz HTTP/1.0\r\nX-Slow: ",
+            "body": b"POST /admin/force_fail HTTP/1.0\r\nContent-Length: 1000\r\n\r\n{",
+        }
+        with mock.patch.object(server._Handler, "request_deadline", 1.0):
+            for name, head in cases.items():
+                with self.subTest(name):
+                    elapsed = self.trickle_until_closed(head)
+                    self.assertGreaterEqual(elapsed, 0.9)
+                    self.assertLess(elapsed, 3.0)
+        self.assertEqual(self.sender.write_threads, [])
+        self.assertTrue(self.healthz_ok())
+
+
+class OpenAdminWarningTest(unittest.TestCase):
+    def start(self, env):
+        scheduler = standins.NewScheduler()
+        scheduler.disagg_prefill_inflight_queue = [standins.Req("r1", 1, standins.NixlKVSender(standins.KVManager(), 1))]
+        loop, monitor = harness.start_loop(scheduler, env)
+        self.addCleanup(loop.stop)
+        self.addCleanup(monitor.close)
+        return monitor
+
+    def test_open_admin_on_loopback_is_warned_about_once(self):
+        with self.assertLogs("sglang_watchdog_plugin", "WARNING") as logs:
+            monitor = self.start(harness.plugin_env())
+        warnings = [r.getMessage() for r in logs.records if "without a token" in r.getMessage()]
+        self.assertEqual(len(warnings), 1, logs.output)
+        self.assertIn("/admin/*", warnings[0])
+        self.assertIn("SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE", warnings[0])
+        # It keeps serving /admin/*, as the contract allows on loopback.
+        status, body = harness.Client(monitor.listener.port).force_fail({"rid": "r1", "dry_run": True})
+        self.assertEqual((status, body["result"]), (200, "would_flip"))
+
+    def test_no_warning_with_a_token(self):
+        fd, path = tempfile.mkstemp()
+        os.write(fd, b"t0ken\n")
+        os.close(fd)
+        self.addCleanup(os.unlink, path)
+        with self.assertNoLogs("sglang_watchdog_plugin", "WARNING"):
+            self.start(harness.plugin_env(SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE=path))
 
 
 class AdminRefusalTest(unittest.TestCase):
