@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,12 @@ const (
 )
 
 func main() {
+	// A sidecar's memory is the user's budget next to a GPU server: collect
+	// twice as often as Go's default (BENCHMARKS.md, Footprint: 1.5 MiB
+	// lower peak for about 0.2% of a core), unless the operator chose.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -186,8 +186,11 @@ var validPoll = map[string]bool{
 // offending field, and the room index where there is one.
 func DecodeListing(body []byte) (*Listing, error) {
 	var w wireListing
-	if err := json.Unmarshal(body, &w); err != nil {
-		return nil, fmt.Errorf("malformed listing: %w", err)
+	if !decodeWireFast(body, &w) {
+		w = wireListing{}
+		if err := json.Unmarshal(body, &w); err != nil {
+			return nil, fmt.Errorf("malformed listing: %w", err)
+		}
 	}
 	switch {
 	case w.APIVersion == nil:

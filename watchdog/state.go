@@ -26,7 +26,8 @@ type roomState struct {
 	addr     string
 	prompt   int
 
-	stuck bool // last verdict, for logging transitions
+	stuck bool   // last verdict, for logging transitions
+	seen  uint64 // rank cycle of the last listing that held this room
 
 	// Actuator bookkeeping; only the actuator writes these.
 	acting      bool      // an admin call for this room is under way
@@ -86,6 +87,7 @@ type rankState struct {
 	loopAdvancing bool
 
 	rooms map[roomKey]*roomState
+	cycle uint64 // successful listings folded so far
 	hist  ageHistogram
 
 	// Verdicts of the last successful cycle; kept while the source is down,

@@ -365,12 +365,11 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.iterations = l.Loop.Iterations
 	rk.listed = true
 
-	seen := make(map[roomKey]struct{}, len(l.Inflight))
+	rk.cycle++
 	limitHit := false
 	for i := range l.Inflight {
 		lr := &l.Inflight[i]
 		key := roomKey{lr.RID, lr.BootstrapRoom}
-		seen[key] = struct{}{}
 		r, ok := rk.rooms[key]
 		if !ok {
 			if w.tracked >= w.cfg.MaxRooms || len(rk.rooms) >= max(1, w.cfg.MaxRooms/len(w.ranks)) {
@@ -385,6 +384,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 			r.lastChange = now
 			r.iterAtChange = l.Loop.Iterations
 		}
+		r.seen = rk.cycle
 		r.age = lr.AgeSeconds
 		r.health = lr.HealthCheck
 		r.addr = lr.BootstrapAddr
@@ -395,7 +395,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		level.Error(w.logger).Log("msg", "room limit reached; rooms beyond it are not tracked and never acted on", "target", rk.status.target, "max_rooms", w.cfg.MaxRooms, "listed", len(l.Inflight))
 	}
 	for key, r := range rk.rooms {
-		if _, ok := seen[key]; ok {
+		if r.seen == rk.cycle {
 			continue
 		}
 		rk.hist.observe(r.age)
@@ -426,7 +426,10 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 
 	rk.stuck = 0
 	rk.oldest = 0
-	rk.byPoll = make(map[string]int, len(pluginapi.PollStates))
+	if rk.byPoll == nil {
+		rk.byPoll = make(map[string]int, len(pluginapi.PollStates))
+	}
+	clear(rk.byPoll)
 	for key, r := range rk.rooms {
 		rk.byPoll[r.poll]++
 		if r.age > rk.oldest {

@@ -1,0 +1,103 @@
+// Package simplugin adapts an in-process, Step-driven sglangsim.Sim to the
+// watchdog's PluginSource interface (Target, Inflight, ForceFail) without
+// HTTP, for benchmarks and the detection-quality replay. It depends only on
+// sglangsim and pluginapi, so that the watchdog's own package-internal
+// benchmarks can use it.
+package simplugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+)
+
+// Source is one rank of a Sim seen through the plugin API.
+type Source struct {
+	Sim  *sglangsim.Sim
+	Rank int
+	// Wire makes Inflight go through the wire format: the listing is
+	// marshalled to JSON by Snapshot (outside any timed region) and every
+	// Inflight decodes it with pluginapi.DecodeListing, as the HTTP client
+	// does after reading the body. Without Wire, Inflight returns a copy of
+	// the Listing taken by Snapshot, or a fresh Sim.Listing if there is no
+	// snapshot (Live).
+	Wire bool
+	// Live makes every Inflight read the simulator afresh (Sim.Listing),
+	// ignoring snapshots; the replay harness uses it, so that the
+	// actuator's re-read right before a call sees the current state.
+	Live bool
+
+	body    []byte
+	listing *pluginapi.Listing
+}
+
+// New returns the sources of every rank of sim.
+func New(sim *sglangsim.Sim, wire bool) []*Source {
+	out := make([]*Source, sim.Ranks())
+	for i := range out {
+		out[i] = &Source{Sim: sim, Rank: i, Wire: wire}
+	}
+	return out
+}
+
+// Target names the rank.
+func (s *Source) Target() string { return fmt.Sprintf("sim://rank%d", s.Rank) }
+
+// Snapshot takes the rank's current listing for the next Inflight calls,
+// and in Wire mode serialises it. Call it after each Step.
+func (s *Source) Snapshot() error {
+	l := s.Sim.Listing(s.Rank)
+	s.listing = &l
+	if !s.Wire {
+		return nil
+	}
+	b, err := json.Marshal(&l)
+	if err != nil {
+		return err
+	}
+	s.body = b
+	return nil
+}
+
+// Body is the last snapshot's JSON.
+func (s *Source) Body() []byte { return s.body }
+
+// Inflight returns the listing.
+func (s *Source) Inflight(ctx context.Context) (*pluginapi.Listing, error) {
+	if s.Live {
+		l := s.Sim.Listing(s.Rank)
+		if s.Wire {
+			b, err := json.Marshal(&l)
+			if err != nil {
+				return nil, err
+			}
+			return pluginapi.DecodeListing(b)
+		}
+		return &l, nil
+	}
+	if s.Wire {
+		if s.body == nil {
+			if err := s.Snapshot(); err != nil {
+				return nil, err
+			}
+		}
+		return pluginapi.DecodeListing(s.body)
+	}
+	if s.listing == nil {
+		if err := s.Snapshot(); err != nil {
+			return nil, err
+		}
+	}
+	l := *s.listing
+	return &l, nil
+}
+
+// ForceFail applies the order through the simulator (inline when
+// Step-driven, exactly as its next pass would).
+func (s *Source) ForceFail(ctx context.Context, order pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
+	st, resp := s.Sim.ForceFail(ctx, s.Rank, order, "")
+	return st, &resp, nil
+}

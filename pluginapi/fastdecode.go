@@ -1,0 +1,331 @@
+package pluginapi
+
+import (
+	"strconv"
+)
+
+// decodeWireFast parses a listing body that uses exactly the documented
+// fields, with plain ASCII strings (no escapes), into w. It reports false on
+// anything else (an unknown or null field, an escape, a type mismatch,
+// malformed JSON), and the caller then decodes with encoding/json, which
+// also words every error; so the fast path never accepts what
+// encoding/json would reject, and never decodes differently.
+func decodeWireFast(body []byte, w *wireListing) bool {
+	d := fastDecoder{b: body}
+	if !d.object(d.top(w)) {
+		return false
+	}
+	d.ws()
+	return d.i == len(d.b)
+}
+
+type fastDecoder struct {
+	b []byte
+	i int
+	// lastAddr lets rooms share the bootstrap address string, which is
+	// almost always the same.
+	lastAddr string
+	seen     []string
+}
+
+func (d *fastDecoder) ws() {
+	for d.i < len(d.b) {
+		switch d.b[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+func (d *fastDecoder) consume(c byte) bool {
+	d.ws()
+	if d.i < len(d.b) && d.b[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+// rawString returns the bytes of a string without escapes or non-ASCII.
+func (d *fastDecoder) rawString() ([]byte, bool) {
+	d.ws()
+	if d.i >= len(d.b) || d.b[d.i] != '"' {
+		return nil, false
+	}
+	start := d.i + 1
+	for j := start; j < len(d.b); j++ {
+		c := d.b[j]
+		switch {
+		case c == '"':
+			d.i = j + 1
+			return d.b[start:j], true
+		case c == '\\' || c < 0x20 || c >= 0x80:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+func (d *fastDecoder) str() (string, bool) {
+	b, ok := d.rawString()
+	return string(b), ok
+}
+
+// number returns a JSON number literal (RFC 8259 grammar).
+func (d *fastDecoder) number() ([]byte, bool) {
+	d.ws()
+	b, i := d.b, d.i
+	start := i
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return nil, false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return nil, false
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if i >= len(b) || b[i] < '0' || b[i] > '9' {
+			return nil, false
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	}
+	d.i = i
+	return b[start:i], true
+}
+
+func (d *fastDecoder) int64v(bits int) (int64, bool) {
+	lit, ok := d.number()
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(string(lit), 10, bits)
+	return v, err == nil
+}
+
+func (d *fastDecoder) intv() (int, bool) {
+	v, ok := d.int64v(strconv.IntSize)
+	return int(v), ok
+}
+
+func (d *fastDecoder) uint64v() (uint64, bool) {
+	lit, ok := d.number()
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(lit), 10, 64)
+	return v, err == nil
+}
+
+func (d *fastDecoder) float64v() (float64, bool) {
+	lit, ok := d.number()
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(lit), 64)
+	return v, err == nil
+}
+
+func (d *fastDecoder) boolv() (bool, bool) {
+	d.ws()
+	switch {
+	case len(d.b)-d.i >= 4 && string(d.b[d.i:d.i+4]) == "true":
+		d.i += 4
+		return true, true
+	case len(d.b)-d.i >= 5 && string(d.b[d.i:d.i+5]) == "false":
+		d.i += 5
+		return false, true
+	}
+	return false, false
+}
+
+// object parses {"key": value, ...}, handing each key to field, which
+// parses the value and reports false for an unknown key or a bad value.
+func (d *fastDecoder) object(field func(key []byte) bool) bool {
+	if !d.consume('{') {
+		return false
+	}
+	if d.consume('}') {
+		return true
+	}
+	for {
+		key, ok := d.rawString()
+		if !ok || !d.consume(':') || !field(key) {
+			return false
+		}
+		if d.consume(',') {
+			continue
+		}
+		return d.consume('}')
+	}
+}
+
+func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
+	return func(key []byte) bool {
+		var ok bool
+		// A repeated object or array would be merged by encoding/json;
+		// leave such bodies to it.
+		switch string(key) {
+		case "server", "loop", "inflight":
+			for _, k := range d.seen {
+				if k == string(key) {
+					return false
+				}
+			}
+			d.seen = append(d.seen, string(key))
+		}
+		switch string(key) {
+		case "api_version":
+			var v int
+			v, ok = d.intv()
+			w.APIVersion = &v
+		case "server":
+			s := new(Server)
+			ok = d.object(d.server(s))
+			w.Server = s
+		case "now_unix":
+			w.NowUnix, ok = d.float64v()
+		case "loop":
+			l := new(Loop)
+			ok = d.object(func(k []byte) bool {
+				var ok bool
+				switch string(k) {
+				case "iterations":
+					l.Iterations, ok = d.uint64v()
+				case "last_iteration_unix":
+					l.LastIterationUnix, ok = d.float64v()
+				}
+				return ok
+			})
+			w.Loop = l
+		case "queues":
+			q := &w.Queues
+			ok = d.object(func(k []byte) bool {
+				var ok bool
+				switch string(k) {
+				case "bootstrap":
+					q.Bootstrap, ok = d.intv()
+				case "waiting":
+					q.Waiting, ok = d.intv()
+				case "inflight":
+					q.Inflight, ok = d.intv()
+				}
+				return ok
+			})
+		case "inflight":
+			var rooms []Room
+			rooms, ok = d.rooms()
+			w.Inflight = &rooms
+		}
+		return ok
+	}
+}
+
+func (d *fastDecoder) server(s *Server) func([]byte) bool {
+	return func(k []byte) bool {
+		var ok bool
+		switch string(k) {
+		case "pid":
+			s.PID, ok = d.intv()
+		case "dp_rank":
+			s.DPRank, ok = d.intv()
+		case "pp_rank":
+			s.PPRank, ok = d.intv()
+		case "tp_rank":
+			s.TPRank, ok = d.intv()
+		case "disaggregation_mode":
+			s.DisaggregationMode, ok = d.str()
+		case "transfer_backend":
+			s.TransferBackend, ok = d.str()
+		case "sglang_version":
+			s.SGLangVersion, ok = d.str()
+		}
+		return ok
+	}
+}
+
+// polls interns the poll values, so that rooms share them.
+var polls = []string{PollTransferring, PollWaitingForInput, PollBootstrapping, PollSuccess, PollFailed, PollUnknown}
+
+func (d *fastDecoder) rooms() ([]Room, bool) {
+	if !d.consume('[') {
+		return nil, false
+	}
+	rooms := make([]Room, 0, 16)
+	if d.consume(']') {
+		return rooms, true
+	}
+	for {
+		rooms = append(rooms, Room{})
+		r := &rooms[len(rooms)-1]
+		ok := d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "rid":
+				r.RID, ok = d.str()
+			case "bootstrap_room":
+				r.BootstrapRoom, ok = d.uint64v()
+			case "bootstrap_addr":
+				var b []byte
+				b, ok = d.rawString()
+				if string(b) != d.lastAddr {
+					d.lastAddr = string(b)
+				}
+				r.BootstrapAddr = d.lastAddr
+			case "poll":
+				var b []byte
+				b, ok = d.rawString()
+				r.Poll = ""
+				for _, p := range polls {
+					if string(b) == p {
+						r.Poll = p
+						break
+					}
+				}
+				if r.Poll == "" {
+					r.Poll = string(b) // invalid; validation reports it
+				}
+			case "age_seconds":
+				r.AgeSeconds, ok = d.float64v()
+			case "prompt_tokens":
+				r.PromptTokens, ok = d.intv()
+			case "progress":
+				r.Progress, ok = d.int64v(64)
+			case "send_failed":
+				r.SendFailed, ok = d.boolv()
+			case "health_check":
+				r.HealthCheck, ok = d.boolv()
+			}
+			return ok
+		})
+		if !ok {
+			return nil, false
+		}
+		if d.consume(',') {
+			continue
+		}
+		return rooms, d.consume(']')
+	}
+}

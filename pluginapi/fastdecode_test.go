@@ -1,0 +1,45 @@
+package pluginapi
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+// FuzzDecodeWireFast holds the fast path to encoding/json: whatever it
+// accepts, encoding/json accepts too and decodes to the same value.
+func FuzzDecodeWireFast(f *testing.F) {
+	f.Add(benchListingFuzzSeed())
+	f.Add([]byte(`{"api_version":1,"server":{"pid":1},"loop":{"iterations":2},"inflight":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","poll":"Success","progress":-1}],"queues":{"waiting":3}} `))
+	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
+	for _, p := range files {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var fast wireListing
+		if !decodeWireFast(body, &fast) {
+			return
+		}
+		var slow wireListing
+		if err := json.Unmarshal(body, &slow); err != nil {
+			t.Fatalf("fast path accepted what encoding/json rejects (%v): %q", err, body)
+		}
+		if !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("fast path decoded differently:\nfast %+v\nslow %+v\nbody %q", fast, slow, body)
+		}
+	})
+}
+
+func benchListingFuzzSeed() []byte {
+	l := Listing{APIVersion: 1, Server: Server{PID: 7, DPRank: 1, DisaggregationMode: "prefill"}, NowUnix: 1.5,
+		Loop: Loop{Iterations: 1 << 60, LastIterationUnix: 2.25}, Queues: Queues{Inflight: 2},
+		Inflight: []Room{{RID: "x", BootstrapRoom: 1<<64 - 1, BootstrapAddr: "10.0.0.7:8998", Poll: PollTransferring, AgeSeconds: 3.5, PromptTokens: 9, Progress: 4},
+			{RID: "HEALTH_CHECK_1.0", BootstrapAddr: "2.2.2.2:8998", Poll: PollSuccess, Progress: -1, HealthCheck: true, SendFailed: false}}}
+	b, _ := json.Marshal(&l)
+	return b
+}
