@@ -21,3 +21,4 @@ go test -count=1 -timeout 20m ./...
 # Short fuzz runs of the ingestion paths; longer runs are in docs/hardening.md.
 go test -run '^$' -fuzz '^FuzzParseMetrics$' -fuzztime 20s ./collector
 go test -run '^$' -fuzz '^FuzzDecodeListing$' -fuzztime 20s ./pluginapi
+go test -run '^$' -fuzz '^FuzzDecodeWireFast$' -fuzztime 20s ./pluginapi
