@@ -172,8 +172,7 @@ func injectPins(ctx context.Context, sim *sglangsim.Sim, ranks int, n *narrator)
 func demoSummary(sim *sglangsim.Sim, wd *watchdog.Watchdog, n *narrator, code int) int {
 	var pins, released, completed, falseFails int
 	for _, r := range sim.Records() {
-		switch r.Kind {
-		case sglangsim.KindPinResurrection, sglangsim.KindPinAbortBeforeRegister, sglangsim.KindPinStuckHandle:
+		if r.Kind.Pin() {
 			pins++
 			if r.Outcome == sglangsim.OutcomeFailedForced {
 				released++

@@ -167,6 +167,11 @@ const (
 	KindBlockedByWedge         = Kind("blocked_by_wedge")
 )
 
+// Pin tells whether the kind is one of the three injected pin mechanisms.
+func (k Kind) Pin() bool {
+	return k == KindPinResurrection || k == KindPinAbortBeforeRegister || k == KindPinStuckHandle
+}
+
 var kinds = [...]Kind{KindHealthy, KindSlow, KindHealthCheck, KindFailing, KindPinResurrection,
 	KindPinAbortBeforeRegister, KindPinStuckHandle, KindBlockedByWedge}
 

@@ -221,8 +221,7 @@ func run(duration, sampleEvery, printEvery time.Duration, ranks int, rate float6
 func summary(sim *sglangsim.Sim, rss, hwm, maxRSS, cpu float64, d time.Duration, logPath string) {
 	pins, released, forcedProgressing := 0, 0, 0
 	for _, r := range sim.Records() {
-		switch r.Kind {
-		case sglangsim.KindPinResurrection, sglangsim.KindPinAbortBeforeRegister, sglangsim.KindPinStuckHandle:
+		if r.Kind.Pin() {
 			pins++
 			if r.Outcome == sglangsim.OutcomeFailedForced {
 				released++
