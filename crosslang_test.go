@@ -114,7 +114,15 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go wd.Run(ctx)
-			waitFor(t, "the pinned request released and confirmed", 30*time.Second, func() bool {
+			defer func() {
+				if t.Failed() {
+					s := wd.Snapshot()
+					t.Logf("watchdog sources %+v, force-fails %v, skips %v", s.Sources, s.ForceFails, s.Skips)
+				}
+			}()
+			// Generous: the Python scheduler loop shares two cores with the
+			// rest of the test suite.
+			waitFor(t, "the pinned request released and confirmed", 90*time.Second, func() bool {
 				return wd.Snapshot().ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] == 1
 			})
 			cancel()
