@@ -132,6 +132,13 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		return nil
 	}
 	r.acting = true
+	// The baseline for confirming the release is taken before the call: a
+	// /metrics read landing between the release and the answer would
+	// otherwise already count it, and the counter would never rise past it.
+	baseline := 0.0
+	if w.metrics != nil {
+		baseline, _ = w.metrics.transferFailed()
+	}
 	w.mu.Unlock()
 
 	room := c.key.room
@@ -161,10 +168,6 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		RID: c.key.rid, Room: c.key.room, Age: now.AgeSeconds, Poll: now.Poll, Progress: now.Progress, Trigger: trigger}
 	switch {
 	case wait:
-		baseline := 0.0
-		if w.metrics != nil {
-			baseline, _ = w.metrics.transferFailed()
-		}
 		r.done = true
 		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, trigger: trigger, at: at, baseline: baseline, age: now.AgeSeconds, poll: now.Poll})
 		ev.Result = resp.Result

@@ -416,6 +416,30 @@ func TestAutoReleasesAndConfirms(t *testing.T) {
 	}
 }
 
+// TestConfirmsAReleaseCountedBeforeTheAnswer covers a /metrics read that
+// lands after the scheduler released the request but before the admin call
+// answered: the counter already includes the release.
+func TestConfirmsAReleaseCountedBeforeTheAnswer(t *testing.T) {
+	m := &fakeMetrics{}
+	m.addProgress(TransferFailedFamily, 5)
+	var h *harness
+	h = newHarness(t, func(c *Config) { c.Metrics = m })
+	h.wd.ScrapeMetrics(context.Background())
+	h.plugin.answer = func(req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
+		h.plugin.mu.Lock()
+		h.plugin.rooms = nil
+		h.plugin.mu.Unlock()
+		m.addProgress(TransferFailedFamily, 1)
+		h.wd.ScrapeMetrics(context.Background())
+		return http.StatusOK, &pluginapi.ForceFailResponse{Result: pluginapi.ResultFlipped, RID: req.RID, Lever: pluginapi.LeverSendFailed}, nil
+	}
+	h.plugin.set(room("r", 1, 0))
+	h.tick(61)
+	if got := h.count(ResultReleased, TriggerAuto); got != 1 {
+		t.Fatalf("released = %d, unconfirmed = %d; want the release confirmed", got, h.count(ResultUnconfirmed, TriggerAuto))
+	}
+}
+
 func TestUnconfirmedWhenTheRoomStays(t *testing.T) {
 	h := newHarness(t, nil)
 	h.plugin.answer = func(req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
