@@ -81,10 +81,10 @@ func startStandin(t *testing.T, backend, tokenFile string) (string, string) {
 	return fmt.Sprintf("http://127.0.0.1:%d", pluginPort), fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 }
 
-func tokenFile(t *testing.T) string {
+func tokenFile(t *testing.T, token string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(p, []byte(parityToken+"\n"), 0o400); err != nil {
+	if err := os.WriteFile(p, []byte(token+"\n"), 0o400); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -97,7 +97,7 @@ func tokenFile(t *testing.T) string {
 func TestPythonPluginWithTheWatchdog(t *testing.T) {
 	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
-			tok := tokenFile(t)
+			tok := tokenFile(t, parityToken)
 			pluginURL, metricsURL := startStandin(t, backend, tok)
 
 			l, err := pluginapi.NewClient(pluginURL, pluginapi.ClientOptions{Timeout: 2 * time.Second}).Inflight(context.Background())
@@ -267,7 +267,7 @@ func do(t *testing.T, base string, e exchange) answerShape {
 func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
 	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
-			pyURL, _ := startStandin(t, backend, tokenFile(t))
+			pyURL, _ := startStandin(t, backend, tokenFile(t, parityToken))
 			_, _, goURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity})
 
 			bearer := "Bearer " + parityToken

@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -39,32 +37,6 @@ func (l *hardLogs) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-// hardSim serves the simulator on loopback until the test ends.
-func hardSim(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, string, []string) {
-	t.Helper()
-	sim, err := sglangsim.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	sim.Start(ctx)
-	metricsURL, pluginURLs, err := sim.Listen(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sim, metricsURL, pluginURLs
-}
-
-func hardTokenFile(t *testing.T, token string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(p, []byte(token+"\n"), 0o400); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // TestTokensComeOnlyFromFiles walks every command's flags: the only flags
@@ -118,9 +90,9 @@ func TestTokenNeverLogged(t *testing.T) {
 		{"wrong token", "tok-wrong-77d2e0a1", "plugin_result=unauthorized"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sim, metricsURL, pluginURLs := hardSim(t, sglangsim.Options{Clock: clock.Real{}, Token: token, Seed: 2})
+			sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Token: token, Seed: 2})
 			rid, room := sim.Inject(0, sglangsim.PinAbortBeforeRegister)
-			tokenFile := hardTokenFile(t, tc.fileToken)
+			tokenFile := tokenFile(t, tc.fileToken)
 			var o options
 			if _, err := newApp(&o).Parse([]string{"run", "--web.listen-address=127.0.0.1:0",
 				"--sglang.metrics-url=" + metricsURL, "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
@@ -256,7 +228,7 @@ func TestRemoteURLsNeedAllowRemote(t *testing.T) {
 // same firing alert does act once the webhook is enabled (the control).
 func TestOwnEndpointsMutateNothing(t *testing.T) {
 	clk := clock.NewFake(time.Now())
-	sim, _, pluginURLs := hardSim(t, sglangsim.Options{Clock: clk, Seed: 4})
+	sim, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk, Seed: 4})
 	pin, _ := sim.Inject(0, sglangsim.PinResurrection)
 	var o options
 	if _, err := newApp(&o).Parse([]string{"run", "--sglang.metrics-url=", "--force-fail.mode=off",
