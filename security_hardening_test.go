@@ -230,20 +230,8 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	sim, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk, Seed: 4})
 	pin, _ := sim.Inject(0, sglangsim.PinResurrection)
-	var o options
-	if _, err := newApp(&o).Parse([]string{"run", "--sglang.metrics-url=", "--force-fail.mode=off",
-		"--web.listen-address=127.0.0.1:0", "--plugin.url=" + pluginURLs[0]}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := watchdogConfig(&o, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Clock = clk
-	wd, err := watchdog.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wd, o := watchdogAndOptions(t, clk, "--sglang.metrics-url=", "--force-fail.mode=off",
+		"--web.listen-address=127.0.0.1:0", "--plugin.url="+pluginURLs[0])
 	for s := 1; s <= 70; s++ {
 		clk.Advance(time.Second)
 		time.Sleep(2 * time.Millisecond)
@@ -254,7 +242,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	}
 	before := wd.Snapshot()
 
-	srv, err := newServer(&o, wd, nil, log.NewNopLogger())
+	srv, err := newServer(o, wd, nil, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +301,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go receiver.Run(ctx)
-	srv2, err := newServer(&o, wd, receiver, log.NewNopLogger())
+	srv2, err := newServer(o, wd, receiver, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,19 +343,8 @@ func TestAllowRemoteStillValidatesURLs(t *testing.T) {
 // them exhaust file descriptors. The server should also bound the whole
 // request read and idle keep-alive time.
 func TestOwnServerDropsSlowClients(t *testing.T) {
-	var o options
-	if _, err := newApp(&o).Parse([]string{"run", "--sglang.metrics-url=", "--web.listen-address=127.0.0.1:0", "--alertmanager.webhook"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := watchdogConfig(&o, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	wd, err := watchdog.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := newServer(&o, wd, alertwebhook.New(wd, log.NewNopLogger()), log.NewNopLogger())
+	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=", "--web.listen-address=127.0.0.1:0", "--alertmanager.webhook")
+	srv, err := newServer(o, wd, alertwebhook.New(wd, log.NewNopLogger()), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
