@@ -11,6 +11,7 @@ const (
 	PathHealthz   = "/healthz"
 	PathInflight  = "/debug/inflight"
 	PathForceFail = "/admin/force_fail"
+	PathRestart   = "/admin/restart"
 )
 
 // Poll states as the plugin reports them.
@@ -37,12 +38,27 @@ const (
 	ResultRoomMismatch          = "room_mismatch"
 	ResultSchedulerUnresponsive = "scheduler_unresponsive"
 	ResultInternalError         = "internal_error"
+	// Round 2 (docs/plugin-api.md, "Round 2 additions").
+	ResultHealthCheck       = "health_check"
+	ResultTransferSucceeded = "transfer_succeeded"
+	ResultUnsupported       = "unsupported"
+)
+
+// Restart results (POST /admin/restart).
+const (
+	ResultRestarting      = "restarting"
+	ResultWouldRestart    = "would_restart"
+	ResultRestartDisabled = "restart_disabled"
+	ResultPIDMismatch     = "pid_mismatch"
 )
 
 // Levers the plugin can set.
 const (
 	LeverSendFailed    = "_send_failed"
 	LeverConcludeState = "conclude_state"
+	// LeverAbort is the sender's own abort(), as Scheduler.abort_request
+	// calls it (round 2).
+	LeverAbort = "abort"
 )
 
 // Listing is the body of GET /debug/inflight.
@@ -53,6 +69,18 @@ type Listing struct {
 	Loop       Loop    `json:"loop"`
 	Queues     Queues  `json:"queues"`
 	Inflight   []Room  `json:"inflight"`
+	// OrphanedTransfers lists rooms that left the inflight queue while the
+	// KV manager still counts outstanding chunks for them (round 2). Nil
+	// means the plugin does not report them (older plugin).
+	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
+}
+
+// OrphanedTransfer is a room gone from the inflight queue whose transfer
+// worker still waits on its chunks: the mark of a wedged worker.
+type OrphanedTransfer struct {
+	BootstrapRoom     uint64 `json:"bootstrap_room"`
+	TransferQueue     *int   `json:"transfer_queue"`
+	OutstandingChunks int    `json:"outstanding_chunks"`
 }
 
 // Server identifies the scheduler process that serves the listing.
@@ -64,6 +92,15 @@ type Server struct {
 	DisaggregationMode string `json:"disaggregation_mode"`
 	TransferBackend    string `json:"transfer_backend"`
 	SGLangVersion      string `json:"sglang_version"`
+	// Round 2. Levers is nil when the plugin does not report it (older
+	// plugin: assume the version 1 lever works) and empty when no lever
+	// works on this SGLang version and backend.
+	Levers    []string `json:"levers"`
+	LeverNote string   `json:"lever_note,omitempty"`
+	// PPSize is 0 when unknown.
+	PPSize int `json:"pp_size,omitempty"`
+	// TransferQueues is nil when unknown.
+	TransferQueues *int `json:"transfer_queues"`
 }
 
 // Loop is the scheduler-loop liveness counter seen by the plugin's hook.
@@ -91,6 +128,9 @@ type Room struct {
 	Progress      int64   `json:"progress"`
 	SendFailed    bool    `json:"send_failed"`
 	HealthCheck   bool    `json:"health_check"`
+	// Round 2; nil means the plugin does not report it.
+	TransferInFlight *bool `json:"transfer_in_flight,omitempty"`
+	TransferQueue    *int  `json:"transfer_queue"`
 }
 
 // ForceFailRequest is the body of POST /admin/force_fail.
@@ -110,6 +150,23 @@ type ForceFailResponse struct {
 	RID           string  `json:"rid,omitempty"`
 	BootstrapRoom *uint64 `json:"bootstrap_room,omitempty"`
 	Lever         string  `json:"lever,omitempty"`
-	AppliedUnix   float64 `json:"applied_unix,omitempty"`
-	Error         string  `json:"error,omitempty"`
+	// Levers pulled, already set or that would be pulled (round 2).
+	Levers      []string `json:"levers,omitempty"`
+	AppliedUnix float64  `json:"applied_unix,omitempty"`
+	Error       string   `json:"error,omitempty"`
+}
+
+// RestartRequest is the body of POST /admin/restart (round 2). PID must be
+// the pid the caller read from the listing.
+type RestartRequest struct {
+	PID    int    `json:"pid"`
+	Reason string `json:"reason,omitempty"`
+	DryRun bool   `json:"dry_run"`
+}
+
+// RestartResponse is the body of every POST /admin/restart answer.
+type RestartResponse struct {
+	Result string `json:"result"`
+	PID    int    `json:"pid,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
