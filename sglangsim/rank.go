@@ -1034,8 +1034,10 @@ func (r *rank) pull(s *Sim, q *request, levers []string, now time.Time) {
 			// The common manager lets Failed overwrite a present room (Success
 			// included) and ignores an absent one; mid-2025 NIXL merges with
 			// max(), so Failed (0) never takes.
-			if _, present := r.status(s, sd, now); present && !q.fake && s.opts.LeverEra != LeversNIXLMid2025 {
-				sd.statusFailed = true
+			if !q.fake && s.opts.LeverEra != LeversNIXLMid2025 {
+				if _, present := r.status(s, sd, now); present {
+					sd.statusFailed = true
+				}
 			}
 		case pluginapi.LeverSendFailed:
 			sd.sendFailed = true
