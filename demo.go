@@ -154,7 +154,7 @@ func injectPins(ctx context.Context, sim *sglangsim.Sim, ranks int, n *narrator)
 	}{
 		{3 * time.Second, sglangsim.PinResurrection, "max() resurrection: Failed overwritten by Transferring"},
 		{6 * time.Second, sglangsim.PinAbortBeforeRegister, "ABORT popped transfer_infos before the room was registered: WaitingForInput for ever"},
-		{9 * time.Second, sglangsim.PinStuckHandle, "NIXL transfer handle never completes: its queue shard (room % 4) is wedged"},
+		{9 * time.Second, sglangsim.PinStuckHandle, "NIXL transfer handle never completes: its transfer queue stays wedged until the server restarts"},
 	}
 	start := time.Now()
 	for i, p := range pins {

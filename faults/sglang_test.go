@@ -120,6 +120,6 @@ func TestFaultSGLangRestartIsReported(t *testing.T) {
 	e.sim.Inject(0, sglangsim.PinResurrection)
 	e.tick(5)
 	e.sim.Restart()
-	e.tick(2)
+	e.tick(2 + int(sglangsim.DefaultBootTime/time.Second)) // the server boots first
 	e.wantLog("level=warn", "scheduler restarted", "target="+e.plugins[0].url())
 }

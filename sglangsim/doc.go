@@ -3,8 +3,11 @@
 // demo, in end-to-end tests and in benchmarks. It serves SGLang's /metrics
 // (prometheus_client multiprocess text output, per label era) and the
 // watchdog plugin's HTTP API (docs/plugin-api.md, including its "Project
-// clarifications") for every (dp, pp) rank. References like "facts §1.6"
-// point into the project's SGLang fact sheet (sglang-facts.md).
+// clarifications" and "Round 2 additions") for every (dp, pp) rank. It is
+// meant to be as unforgiving as SGLang: a watchdog that passes only because
+// the simulator is kind is wrong. References like "facts §1.6" point into
+// the project's SGLang fact sheet (sglang-facts.md; §10 is the newest
+// reading and wins).
 //
 // # Time
 //
@@ -18,7 +21,19 @@
 //     harness advances a clock.Fake and calls Step (a pass per 100 ms of
 //     simulated time is plenty); 100k requests replay in a few seconds.
 //
-// # The model of one rank (facts §3.1, §3.2)
+// # The model of one DP rank (facts §3.1, §3.2, §10.3)
+//
+// Each (dp, pp) rank is one scheduler process with its own pid, loop
+// counter, metrics, plugin listener, KV manager and transfer workers. The
+// PP stages of one DP rank share the same requests: stage 0 carries a
+// request from arrival into every stage's inflight queue at once (same rid
+// and room everywhere), and each stage holds its own sender for it, with
+// its own poll, status and levers. A request leaves the inflight queues
+// only when every stage reports it terminal (Success or Failed): a stage
+// that is done keeps it (listing its terminal poll) while another stage is
+// not, so a force-fail on one stage answers flipped and releases nothing
+// until every stage is failed. A stage releases on its own next pass once
+// all are terminal, so the stages may let go one pass apart.
 //
 // A request arrives in the bootstrap queue (KVPoll Bootstrapping for a few
 // milliseconds), moves to the waiting queue, is taken into a prefill batch
@@ -26,7 +41,8 @@
 // and enters the inflight queue, where the sender is first WaitingForInput
 // (until a transfer worker picks the room up), then Transferring (each chunk
 // sent advances progress), then Success. Every pass polls the inflight
-// queue: Success releases the request (prefill_transfer_kv_cache stage
+// queue (with PP, once every stage is terminal): Success releases the
+// request (prefill_transfer_kv_cache stage
 // latency, kv_transfer_* metrics, the tokenizer's num_requests_total,
 // prompt_tokens_total, generation_tokens_total); Failed releases it too and
 // increments sglang:num_transfer_failed_reqs_total (facts §3.2, §7.4).
@@ -39,10 +55,19 @@
 // after the forward. Their progress is -1 (the fake sender exposes none,
 // like the Python plugin reports it).
 //
-// Simplifications: each (dp, pp) rank is an independent scheduler with its
-// own queues and traffic (real PP stages share requests); the forward pass
-// takes no simulated time; a prefill batch takes the whole waiting queue up
-// to 64k tokens; only the attention-TP leader (tp_rank 0) is modelled.
+// Warm-up requests (RequestSpec.Warmup) use the same fake host and room 0
+// with a plain random rid, no HEALTH_CHECK prefix; they are listed with
+// health_check true and recorded as kind health_check. The automatic
+// warm-up at start and after a restart is not listed: it only writes the
+// gauges (below).
+//
+// Simplifications: the forward pass takes no simulated time; a prefill
+// batch takes the whole waiting queue up to 64k tokens; only the
+// attention-TP leader (tp_rank 0) is modelled; a transfer worker serves the
+// rooms it has picked up side by side (the serial queue shows only in the
+// wedge below); a decode endpoint has one port; decode's ABORT to prefill
+// after its waiting timeout (newer NIXL) is not modelled, so a pin stays
+// until a lever or a restart.
 //
 // # Gauge refresh (facts §1.6, §7.1)
 //
@@ -60,36 +85,107 @@
 // write 0 after IdleRefresh. A warm-up batch at start (and after Restart)
 // writes every gauge once, so the gauges exist from the first scrape.
 //
-// # Pins (facts §3.4, §3.5, §7.6) and the lever
+// # Transfer queues and workers (facts §10.1, §10.2)
+//
+// Each scheduler process has TransferQueues (4) transfer worker queues. A
+// normal request is bound for one decode endpoint (RequestSpec.DecodePort,
+// else one of Options.DecodePorts picked from the room); its queue is the
+// sum of its destination decode ports modulo 4 (QueueKeyDecodePorts,
+// newest NIXL: rooms bound for the same endpoints share a queue) or room % 4
+// (QueueKeyRoom, older NIXL and the seeds' incident). Health checks use the
+// fake sender and no queue. A room waits in WaitingForInput until its worker
+// picks it up, then is Transferring with a chunk outstanding (NIXL
+// _staging_outstanding) until it succeeds. The worker waits for its handles
+// with no deadline and never reads the sender's levers.
+//
+// # Pins (facts §3.4, §3.5, §7.6, §10.1)
 //
 //   - PinResurrection: the transfer fails (status Failed = 0) after a few
 //     chunks, but a late Transferring update through a max()-based
-//     update_status resurrects it: poll reads Transferring for ever, progress
-//     frozen.
+//     update_status resurrects it: the room is present with status
+//     Transferring for ever, progress frozen, nothing outstanding.
 //   - PinAbortBeforeRegister: an ABORT popped transfer_infos before the room
-//     was registered: the room reads WaitingForInput for ever, progress 0.
-//   - PinStuckHandle: a transfer handle that never completes wedges its
-//     transfer-worker shard (room % 4, per rank): the room stays Transferring
-//     with progress frozen, and every room of that rank and shard that the
-//     serial worker had not picked up yet waits behind it (WaitingForInput,
-//     progress 0) until the wedge clears; rooms it had already picked up were
-//     ahead of the handle and finish. The waiting rooms' record kind becomes
-//     "blocked_by_wedge". Simplification: the simulated worker
-//     abandons the handle as soon as the stuck room's lever is set, so the
-//     shard recovers after the force-fail; real NIXL may stay blocked in
-//     check_xfer_state.
+//     was registered: the room is absent from request_status and reads
+//     WaitingForInput for ever, progress 0.
+//   - PinStuckHandle: a transfer handle stays PROC for ever: the room stays
+//     Transferring with progress frozen and its chunk outstanding, and its
+//     queue's worker is wedged until the scheduler process restarts,
+//     whatever lever is pulled on the room. Every room of that process and
+//     queue that the worker had not picked up yet (later traffic included)
+//     waits behind it in WaitingForInput with progress 0; rooms it had
+//     already picked up were ahead of the handle and finish. The waiting
+//     rooms' record kind becomes "blocked_by_wedge". Rooms on other queues
+//     are not affected.
 //
-// The lever is `_send_failed = True` on NIXL senders and `conclude_state =
-// KVPoll.Failed` on Mooncake and fake senders (facts §3.5 remedy matrix):
-// the next poll reads Failed and the pass releases the request. Each pin
-// stays pinned until its lever is set, on either backend. A health check
-// stuck in WaitingForInput (the FakeKVSender accumulation bug, PR #28652) is
-// available as BehaviorStuckHealthCheck.
+// A pin holds on every PP stage (Inject) or on the stages in
+// RequestSpec.PinStages; the other stages transfer normally, and the
+// request stays on all stages until the pinned ones are terminal too.
 //
-// # Force-fail orders (docs/plugin-api.md, Project clarifications)
+// # Levers and lever eras (facts §3.5, §10.2; Options.LeverEra)
 //
-// 401 and 400 are decided at once; 404 and 409 at once against the rank's
-// latest observation (the inflight queue as of the last pass). Otherwise the
+// The plugin pulls, in order, abort (CommonKVSender.abort: record_failure,
+// update_status(room, Failed), conclude_state = Failed) and, on NIXL,
+// _send_failed = True. What they do:
+//
+//   - LeversNewest (default): update_status(Failed) overwrites any status of
+//     a present room and is a no-op for an absent one; NIXL's poll() reads
+//     _send_failed first and never conclude_state; Mooncake and fake senders
+//     return conclude_state once set. So abort releases the resurrection and
+//     stuck-handle rooms on both backends, the absent (ABORT-before-register)
+//     room only through conclude_state on Mooncake and _send_failed on NIXL.
+//     server.levers is [abort, _send_failed] on NIXL, [abort] on Mooncake.
+//   - LeversNIXLMid2025 (NIXL only): no _send_failed is read, poll() ignores
+//     conclude_state and a max()-only update_status ignores Failed: nothing
+//     releases a pin. The plugin lists no lever, says why in lever_note and
+//     answers 501 unsupported.
+//   - LeversEarly: the scheduler's Failed branch raises. The plugin lists no
+//     lever and answers 501. Should a poll read Failed anyway (a lever pulled
+//     by hand with PullLever, or a transfer that fails by itself) the
+//     scheduler process crashes, which takes the whole server down as a
+//     restart does (below).
+//
+// A release frees the request, not the transfer: a room released while its
+// chunk is outstanding stays in the listing's orphaned_transfers until the
+// chunk settles (a healthy chunk: the end of the chunk in flight; a stuck
+// handle: never, until a restart). A room whose queued chunks the worker had
+// not taken yet leaves no orphan. NIXL reports transfer_queue,
+// transfer_in_flight and orphaned_transfers; Mooncake exposes none of them
+// (transfer_queue and server.transfer_queues null, transfer_in_flight false,
+// orphaned_transfers empty), although its workers wedge the same way.
+//
+// # Restarts and crashes
+//
+// Restart, POST /admin/restart (202) and a crash restart the whole server,
+// every DP and PP rank at once, as SGLang's launcher tears the server down
+// on SIGQUIT: every request held is lost (Outcome "restarted"; the client
+// got an error), and for Options.BootTime (default 30 s of clock time) the
+// plugin listeners and /metrics close every connection unanswered and the
+// schedulers make no passes. Then each process serves with a new pid, empty
+// queues, a loop counter, counters and histograms from 0, no wedge and no
+// orphaned transfer; arrivals resume. POST /admin/restart follows the
+// contract: 401 without a configured or a valid token, 403 unless
+// Options.AllowRestart, 400 for a bad body, 409 pid_mismatch, 200
+// would_restart for a dry run.
+//
+// # Decode (facts §3.7, §10.4)
+//
+// The simulator is prefill-side, but Record.DecodeReleased tells when decode
+// frees the request's slot and KV pages: shortly after Success; when prefill
+// failed the request (a lever or its own failure) nothing tells decode, so
+// it holds the request until DecodeWaitingTimeout (300 s) after it started
+// waiting (when the bootstrap handshake ended); after a prefill restart or
+// crash, decode's heartbeat (5 s, 2 failures) fails the rooms within
+// HeartbeatDetection. Not modelled: Mooncake decode never times out a room
+// whose transfer started (upstream PR #31800), and deferred release may hold
+// pages 30 s more.
+//
+// # Force-fail orders (docs/plugin-api.md, Project clarifications, Round 2)
+//
+// 401 and 400 are decided at once, then 503 while the server boots and 501
+// unsupported when the lever era has no lever; 404, 409 room_mismatch and
+// 409 health_check (fake host, room 0 or a HEALTH_CHECK rid: health checks
+// and warm-ups, dry runs too) at once against the rank's latest
+// observation (the inflight queue as of the last pass). Otherwise the
 // order is queued. With Start running, the rank's goroutine picks it up at
 // the start of its next inflight pass (before polling, so a flipped request
 // is released in that same pass); if it has not within OrderTimeout (real
@@ -98,8 +194,13 @@
 // with the rank not paused, the order is applied inline, exactly as the next
 // pass would apply it, and the next Step releases the request; a synchronous
 // harness therefore never deadlocks. On a paused rank (PauseLoop) orders
-// time out with 503 in both modes. already_failed (lever already set, or the
-// last poll Failed) takes precedence over would_flip, as in the Python plugin.
+// time out with 503 in both modes. On the scheduler thread the order is
+// decided again: not_found, room_mismatch, health_check, then 409
+// transfer_succeeded when the room's status is Success at that moment
+// (nothing touched), then already_failed (the last poll Failed, or every
+// lever already set), then would_flip for a dry run, else the levers are
+// pulled (flipped). Every 200 answer carries the levers pulled, already set
+// or that would be pulled.
 // The loop counter (listing loop.iterations) counts inflight passes: every
 // pass with HookRunsWhenEmpty (newest loops), otherwise only passes with a
 // non-empty inflight queue (facts §8, §9); orders are only picked up by
@@ -137,8 +238,9 @@
 // # Ground truth
 //
 // Records returns one Record per request (kind, rank, times, outcome, and
-// whether a force-fail hit a request that would have completed by itself),
-// so tests can assert that a watchdog never force-failed a progressing
-// request. SetScenario("parity") sets up the fixed scene that the Python
+// whether a force-fail hit a request that would have completed by itself,
+// and when decode freed it), so tests can assert that a watchdog never
+// force-failed a progressing request and benchmarks can report decode slot
+// hold times. SetScenario("parity") sets up the fixed scene that the Python
 // stand-in reproduces for the cross-language test.
 package sglangsim

@@ -3,6 +3,7 @@ package sglangsim
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
@@ -156,3 +157,7 @@ func mustMetric(t testing.TB, s *Sim, name string, want map[string]string) float
 	}
 	return v
 }
+
+func ptr[T any](v T) *T { return &v }
+
+func jsonUnmarshal(raw []byte, v any) error { return json.Unmarshal(raw, v) }

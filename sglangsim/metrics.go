@@ -212,14 +212,15 @@ type series struct {
 // ContentType is what SGLang's /metrics (prometheus_client) serves.
 const ContentType = "text/plain; version=0.0.4; charset=utf-8"
 
-// MetricsHandler serves SGLang's /metrics for the whole server.
+// MetricsHandler serves SGLang's /metrics for the whole server. While the
+// server boots after a restart it refuses connections.
 func (s *Sim) MetricsHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return s.whileUp(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		body := s.MetricsText()
 		w.Header().Set("Content-Type", ContentType)
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
-	})
+	}))
 }
 
 // MetricsText renders the /metrics payload.

@@ -138,8 +138,12 @@ func TestMetricsPerEra(t *testing.T) {
 				s, c := newSim(t, Options{Era: era, DPSize: dp, PPSize: 2, ArrivalRate: 80, Seed: 2})
 				rid, _ := s.Inject(0, PinStuckHandle)
 				run(s, c, 3*time.Second, 100*time.Millisecond)
-				if st, _ := s.ForceFail(t.Context(), 0, forceReq(rid), ""); st != 200 {
-					t.Fatal(st)
+				// The request leaves only once both PP stages of dp 0 fail it;
+				// each stage's Failed branch counts it.
+				for _, rank := range []int{0, 1} {
+					if st, _ := s.ForceFail(t.Context(), rank, forceReq(rid), ""); st != 200 {
+						t.Fatal(st)
+					}
 				}
 				run(s, c, time.Second, 100*time.Millisecond)
 				fams := checkExposition(t, s.MetricsText())
@@ -189,8 +193,8 @@ func TestMetricsPerEra(t *testing.T) {
 				for _, smp := range fi.series {
 					total += smp.value
 				}
-				if total != 1 {
-					t.Fatalf("failed counter sums to %v", total)
+				if total != 2 {
+					t.Fatalf("failed counter sums to %v, want 2 (one per stage)", total)
 				}
 				checkFam("sglang:prompt_tokens_total", "counter", w.tok, 1)
 				if f := fams["sglang:time_to_first_token_seconds"]; f == nil || f.typ != "histogram" {

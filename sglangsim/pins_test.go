@@ -79,87 +79,25 @@ func TestPinsStayUntilLever(t *testing.T) {
 	}
 }
 
-func TestStuckHandleWedgesItsShard(t *testing.T) {
-	s, c := newSim(t, Options{})
-	// Shard 0 of rank 0: a healthy room already transferring (the serial
-	// worker took it before the stuck handle, so it finishes), then the stuck
-	// handle, then rooms that arrive behind the wedge. Shard 1 stays healthy.
-	early, _ := s.Submit(RequestSpec{Room: 4, PromptTokens: 4096, Transfer: 20 * time.Second})
-	run(s, c, 6*time.Second, 100*time.Millisecond)
-	if rq, _ := room(s.Listing(0), early); rq.Progress != 1 || rq.Poll != pluginapi.PollTransferring {
-		t.Fatalf("early room before the wedge: %+v", rq)
-	}
-	pin, _ := s.Submit(RequestSpec{Room: 8, Behavior: BehaviorPinStuckHandle, Transfer: time.Second})
-	run(s, c, time.Second, 100*time.Millisecond)
-	behind, _ := s.Submit(RequestSpec{Room: 12, Transfer: 500 * time.Millisecond})
-	behind2, _ := s.Submit(RequestSpec{Room: 16, Transfer: 500 * time.Millisecond})
-	other, _ := s.Submit(RequestSpec{Room: 13, Transfer: 500 * time.Millisecond})
-	run(s, c, time.Minute, time.Second)
-
-	l := s.Listing(0)
-	if _, ok := room(l, other); ok {
-		t.Fatal("the room on another shard did not complete")
-	}
-	if _, ok := room(l, early); ok {
-		t.Fatal("the room picked up before the stuck handle did not complete")
-	}
-	if r := recordOf(t, s, early); r.Kind != KindHealthy || r.Outcome != OutcomeSuccess {
-		t.Fatalf("record %+v", r)
-	}
-	for _, rid := range []string{behind, behind2} {
-		if rq, ok := room(l, rid); !ok || rq.Progress != 0 || rq.Poll != pluginapi.PollWaitingForInput {
-			t.Fatalf("room behind the wedge: %+v", rq)
-		}
-		if r := recordOf(t, s, rid); r.Kind != KindBlockedByWedge {
-			t.Fatalf("record %+v", r)
-		}
-	}
-	if rq, _ := room(l, pin); rq.Progress != 1 || rq.Poll != pluginapi.PollTransferring {
-		t.Fatalf("stuck handle: %+v", rq)
-	}
-	// Force-failing a room while the wedge holds it is not a mistake...
-	if st, _ := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: behind2}, ""); st != 200 {
-		t.Fatal(st)
-	}
-	// ...the lever on the stuck handle clears the wedge.
-	if st, _ := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: pin}, ""); st != 200 {
-		t.Fatal(st)
-	}
-	c.Advance(100 * time.Millisecond)
-	s.Step()
-	l = s.Listing(0)
-	if _, ok := room(l, pin); ok {
-		t.Fatal("stuck handle not released")
-	}
-	if rq, _ := room(l, behind); rq.Poll != pluginapi.PollTransferring {
-		t.Fatalf("room behind the wedge did not resume: %+v", rq)
-	}
-	run(s, c, time.Second, 100*time.Millisecond)
-	if _, ok := room(s.Listing(0), behind); ok {
-		t.Fatal("room behind the wedge did not complete after it cleared")
-	}
-	if r := recordOf(t, s, behind); r.Outcome != OutcomeSuccess || r.Kind != KindBlockedByWedge {
-		t.Fatalf("record %+v", r)
-	}
-	if r := recordOf(t, s, behind2); r.Outcome != OutcomeFailedForced || r.ProgressingWhenForced {
-		t.Fatalf("record %+v", r)
-	}
-	if v := mustMetric(t, s, "sglang:num_transfer_failed_reqs_total", nil); v != 2 {
-		t.Fatalf("failed counter %v", v)
-	}
-}
-
 func TestForceFailProgressingRequestsIsRecorded(t *testing.T) {
 	s, c := newSim(t, Options{})
 	healthy, _ := s.Submit(RequestSpec{Transfer: time.Minute})
 	slow, _ := s.Submit(RequestSpec{Behavior: BehaviorSlow})
 	hc, _ := s.Submit(RequestSpec{Behavior: BehaviorStuckHealthCheck})
 	run(s, c, 10*time.Second, 100*time.Millisecond)
-	for _, rid := range []string{healthy, slow, hc} {
+	for _, rid := range []string{healthy, slow} {
 		if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: rid}, ""); st != 200 ||
 			resp.Result != pluginapi.ResultFlipped {
 			t.Fatalf("%s: %d %+v", rid, st, resp)
 		}
+	}
+	// The plugin refuses a health check; pulling its lever by hand is recorded.
+	if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: hc}, ""); st != 409 ||
+		resp.Result != pluginapi.ResultHealthCheck {
+		t.Fatalf("health check: %d %+v", st, resp)
+	}
+	if !s.PullLever(0, hc) {
+		t.Fatal("health check not inflight")
 	}
 	s.Step()
 	for _, rid := range []string{healthy, slow, hc} {

@@ -63,9 +63,17 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 		return 404, pluginapi.ForceFailResponse{Result: pluginapi.ResultNotFound, RID: req.RID,
 			Error: "no such rank " + strconv.Itoa(rank)}
 	}
+	if s.Booting() {
+		return 503, pluginapi.ForceFailResponse{Result: pluginapi.ResultSchedulerUnresponsive, RID: req.RID,
+			Error: "the server is restarting"}
+	}
+	if levers, note := s.levers(); len(levers) == 0 {
+		return 501, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnsupported, RID: req.RID,
+			Error: "no lever releases a request on this SGLang: " + note}
+	}
 	r := s.ranks[rank]
 	r.mu.Lock()
-	// Clarification 2: answer at once from the latest observation.
+	// Clarification 2 and round 2: answer at once from the latest observation.
 	q, ok := r.byRID[req.RID]
 	if !ok {
 		r.mu.Unlock()
@@ -74,6 +82,10 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
 		r.mu.Unlock()
 		return roomMismatch(req.RID, q.room)
+	}
+	if q.healthCheck() {
+		r.mu.Unlock()
+		return healthCheck(q)
 	}
 	if !r.running && !r.paused {
 		// Step-driven: apply inline, as the next pass would.
@@ -113,9 +125,95 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	return res.status, res.resp
 }
 
+// AdminRestart does what POST /admin/restart does on one rank (docs/plugin-api.md,
+// round 2), with an already decoded body: 401 without a configured or a
+// valid token, 403 unless Options.AllowRestart, 409 when req.PID is not the
+// rank's pid, 200 would_restart for a dry run, and 202 restarting, after
+// which the whole server restarts (see Restart).
+func (s *Sim) AdminRestart(rank int, req pluginapi.RestartRequest, authorization string) (int, pluginapi.RestartResponse) {
+	st, resp := s.decideRestart(rank, req, authorization)
+	if st == http.StatusAccepted {
+		s.Restart()
+	}
+	return st, resp
+}
+
+func (s *Sim) decideRestart(rank int, req pluginapi.RestartRequest, authorization string) (int, pluginapi.RestartResponse) {
+	r := s.rank(rank)
+	r.mu.Lock()
+	pid := r.pid
+	r.mu.Unlock()
+	switch {
+	case s.opts.Token == "" || !s.authorized(authorization):
+		return 401, pluginapi.RestartResponse{Result: pluginapi.ResultUnauthorized, PID: pid,
+			Error: "a valid Authorization: Bearer token is required for /admin/restart, and a token must be configured"}
+	case !s.opts.AllowRestart:
+		return 403, pluginapi.RestartResponse{Result: pluginapi.ResultRestartDisabled, PID: pid,
+			Error: "restarts are not allowed in this process (SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1 allows them)"}
+	case req.PID <= 0:
+		return 400, pluginapi.RestartResponse{Result: pluginapi.ResultBadRequest, PID: pid,
+			Error: "pid is required and must be a positive integer"}
+	case req.PID != pid:
+		return 409, pluginapi.RestartResponse{Result: pluginapi.ResultPIDMismatch, PID: pid,
+			Error: "pid " + strconv.Itoa(req.PID) + " is not this process (" + strconv.Itoa(pid) + ")"}
+	case req.DryRun:
+		return 200, pluginapi.RestartResponse{Result: pluginapi.ResultWouldRestart, PID: pid}
+	}
+	return 202, pluginapi.RestartResponse{Result: pluginapi.ResultRestarting, PID: pid}
+}
+
+// ParseRestart decodes a restart body. It returns a non-empty message when
+// the body is a bad request.
+func ParseRestart(body []byte) (pluginapi.RestartRequest, string) {
+	var req pluginapi.RestartRequest
+	obj, msg := jsonObject(body)
+	if msg != "" {
+		return req, msg
+	}
+	n, ok := obj["pid"].(json.Number)
+	if !ok {
+		return req, "pid is required and must be a positive integer"
+	}
+	pid, err := strconv.ParseInt(n.String(), 10, 32)
+	if err != nil || pid <= 0 {
+		return req, "pid is required and must be a positive integer"
+	}
+	req.PID = int(pid)
+	if raw, ok := obj["dry_run"]; ok {
+		b, isBool := raw.(bool)
+		if !isBool {
+			return req, "dry_run must be a boolean"
+		}
+		req.DryRun = b
+	}
+	if reason, ok := obj["reason"].(string); ok {
+		req.Reason = reason
+	}
+	return req, ""
+}
+
+// whileUp refuses every request while the server boots: the connection is
+// closed without an answer, as a port nobody listens on would be.
+func (s *Sim) whileUp(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if s.Booting() {
+			if hj, ok := w.(http.Hijacker); ok {
+				if conn, _, err := hj.Hijack(); err == nil {
+					_ = conn.Close()
+					return
+				}
+			}
+			http.Error(w, "the server is restarting", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, req)
+	})
+}
+
 // PluginHandler serves the plugin API of one rank: GET /healthz, GET
-// /debug/inflight and POST /admin/force_fail. It panics if the rank does not
-// exist.
+// /debug/inflight, POST /admin/force_fail and POST /admin/restart. While
+// the server boots after a restart it refuses connections. It panics if the
+// rank does not exist.
 func (s *Sim) PluginHandler(rank int) http.Handler {
 	s.rank(rank)
 	mux := http.NewServeMux()
@@ -163,25 +261,45 @@ func (s *Sim) PluginHandler(rank int) http.Handler {
 		st, resp := s.ForceFail(req.Context(), rank, ff, auth)
 		writeJSON(w, st, resp)
 	})
-	return mux
+	mux.HandleFunc(pluginapi.PathRestart, func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost {
+			w.Header().Set("Allow", "POST")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(req.Body, MaxBodyBytes+1))
+		var rr pluginapi.RestartRequest
+		msg := ""
+		switch {
+		case err != nil:
+			msg = "cannot read the body: " + err.Error()
+		case len(body) > MaxBodyBytes:
+			msg = "the body is larger than 64 KiB"
+		default:
+			rr, msg = ParseRestart(body)
+		}
+		st, resp := s.decideRestart(rank, rr, req.Header.Get("Authorization"))
+		if msg != "" && st != 401 && st != 403 {
+			st, resp = 400, pluginapi.RestartResponse{Result: pluginapi.ResultBadRequest, PID: resp.PID, Error: msg}
+		}
+		writeJSON(w, st, resp)
+		if st == http.StatusAccepted {
+			if f, ok := w.(http.Flusher); ok {
+				f.Flush()
+			}
+			s.Restart()
+		}
+	})
+	return s.whileUp(mux)
 }
 
 // ParseForceFail decodes a force-fail body under the rules of clarification
 // 1. It returns a non-empty message when the body is a bad request.
 func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
 	var req pluginapi.ForceFailRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return req, "the body is not valid JSON"
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return req, "the body has data after the JSON object"
-	}
-	obj, ok := v.(map[string]any)
-	if !ok {
-		return req, "the body is not a JSON object"
+	obj, msg := jsonObject(body)
+	if msg != "" {
+		return req, msg
 	}
 	switch rid := obj["rid"].(type) {
 	case nil:
@@ -220,6 +338,25 @@ func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
 	return req, ""
 }
 
+// jsonObject decodes a body that must be exactly one JSON object, numbers
+// kept as json.Number.
+func jsonObject(body []byte) (map[string]any, string) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, "the body is not valid JSON"
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, "the body has data after the JSON object"
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, "the body is not a JSON object"
+	}
+	return obj, ""
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -254,8 +391,9 @@ func (s *Sim) Listen(ctx context.Context) (metricsURL string, pluginURLs []strin
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", s.MetricsHandler())
+	// The bootstrap server's /health, which decode's heartbeat reads.
 	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	base, err := serve(mux)
+	base, err := serve(s.whileUp(mux))
 	if err != nil {
 		return "", nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,7 +166,10 @@ func TestForceFailHTTPStatuses(t *testing.T) {
 		*a.typed.BootstrapRoom != rm || a.typed.AppliedUnix != unixSeconds(c.Now()) {
 		t.Fatalf("dry run: %+v", a)
 	}
-	fields(t, a, "result", "rid", "bootstrap_room", "lever", "applied_unix")
+	fields(t, a, "result", "rid", "bootstrap_room", "lever", "levers", "applied_unix")
+	if !slices.Equal(a.typed.Levers, []string{pluginapi.LeverAbort, pluginapi.LeverSendFailed}) {
+		t.Fatalf("dry run levers %v", a.typed.Levers)
+	}
 	if rq, _ := room(getListing(t, srv.URL), rid); rq.SendFailed {
 		t.Fatal("dry run set the lever")
 	}
@@ -173,7 +177,7 @@ func TestForceFailHTTPStatuses(t *testing.T) {
 	if a.status != 200 || a.typed.Result != pluginapi.ResultFlipped {
 		t.Fatalf("flip: %+v", a)
 	}
-	fields(t, a, "result", "rid", "bootstrap_room", "lever", "applied_unix")
+	fields(t, a, "result", "rid", "bootstrap_room", "lever", "levers", "applied_unix")
 	if rq, _ := room(getListing(t, srv.URL), rid); !rq.SendFailed {
 		t.Fatal("lever not visible in the listing")
 	}
@@ -183,10 +187,13 @@ func TestForceFailHTTPStatuses(t *testing.T) {
 			t.Fatalf("already failed (dry_run %s): %+v", dry, a)
 		}
 	}
-	// A health check on NIXL uses the fake sender's lever; room 0 is present.
-	a = post(t, srv.URL, auth, `{"rid":"`+hcRID+`","bootstrap_room":0,"dry_run":true}`)
-	if a.status != 200 || a.typed.Lever != pluginapi.LeverConcludeState || a.body["bootstrap_room"] != json.Number("0") {
-		t.Fatalf("health check: %+v", a)
+	// A health check is refused, dry runs too; room 0 is present.
+	for _, dry := range []string{"true", "false"} {
+		a = post(t, srv.URL, auth, `{"rid":"`+hcRID+`","bootstrap_room":0,"dry_run":`+dry+`}`)
+		if a.status != 409 || a.typed.Result != pluginapi.ResultHealthCheck || a.body["bootstrap_room"] != json.Number("0") {
+			t.Fatalf("health check: %+v", a)
+		}
+		fields(t, a, "result", "rid", "bootstrap_room", "error")
 	}
 	c.Advance(100 * time.Millisecond)
 	s.Step()
@@ -458,7 +465,7 @@ func TestConcurrentUse(t *testing.T) {
 					continue
 				}
 				switch resp.StatusCode {
-				case 200, 404, 503:
+				case 200, 404, 503, 409: // 409: a health check, or a transfer that just succeeded
 				default:
 					errs.Add(1)
 				}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +38,8 @@ func (p kvPoll) String() string {
 	return pluginapi.PollUnknown
 }
 
+func (p kvPoll) terminal() bool { return p == pollSuccess || p == pollFailed }
+
 const (
 	maxBatchTokens   = 65536 // prompt tokens per simulated prefill batch
 	chunkTokens      = 1024  // prompt tokens per KV chunk of a healthy transfer
@@ -48,43 +51,42 @@ const (
 	basePID          = 4242
 )
 
-// request is one SGLang Req with its sender, as this simulator models them.
+// request is one SGLang Req as every PP stage of its DP rank holds it: the
+// same rid and room everywhere, one sender per stage.
 type request struct {
-	rid      string
-	room     uint64
-	addr     string
-	prompt   int
-	cached   int
-	behavior Behavior
-	fake     bool // fake sender (health checks)
-	shard    int  // transfer-worker shard: room % TransferQueues
-	rec      int  // index into rank.records
+	rid        string
+	room       uint64
+	addr       string
+	prompt     int
+	cached     int
+	behavior   Behavior
+	fake       bool // fake sender (health checks, warm-up)
+	decodePort int  // destination decode endpoint; 0 for the fake sender
+	queue      int  // transfer worker queue; -1 for the fake sender
+	rec        int  // index into group.records
 
 	arrived       time.Time
-	bootstrapDone time.Time
+	bootstrapDone time.Time // decode sent its metadata: its waiting starts
 	waitingSince  time.Time
 	entered       time.Time
 
-	// The transfer, measured in worker time ("work"), which stands still
-	// while the room's shard is wedged by another room.
+	// The plan of the transfer, measured in worker time ("work"), which
+	// stands still while the room waits behind a wedged worker.
 	pickup     time.Duration // WaitingForInput until the worker picks the room up
 	chunkEvery time.Duration
 	nChunks    int64 // -1: never finishes
 	freezeAt   int64 // pins: chunks sent before the pin takes hold; -1 none
 	failAt     time.Duration
-	work       time.Duration
-	lastUpdate time.Time
 
-	frozen  bool // a pin took hold
-	blocked bool // waiting behind a wedged shard at the last pass
-	// unblockedAt is the progress when the room last left a wedge: until it
-	// sends a chunk after that, it has made no progress anyone could see.
-	unblockedAt int64
-	wedging     bool // this room's stuck handle holds its shard's worker
-	progress    int64
-	lastPoll    kvPoll
-	leverSet    bool // _send_failed (NIXL) or conclude_state = Failed (Mooncake, fake)
-	forced      bool // the lever was set by a force-fail order
+	senders []*sender // one per PP stage
+	holding int       // stages whose inflight queue still holds it
+}
+
+// healthCheck is how the plugin recognises SGLang's own requests (facts
+// §10.5): the fake bootstrap host, room 0, or the health-check rid prefix.
+func (q *request) healthCheck() bool {
+	host, _, _ := strings.Cut(q.addr, ":")
+	return q.fake || q.room == 0 || host == FakeBootstrapHost || strings.HasPrefix(q.rid, HealthCheckPrefix)
 }
 
 func (q *request) lever(backend string) string {
@@ -94,6 +96,29 @@ func (q *request) lever(backend string) string {
 	return pluginapi.LeverConcludeState
 }
 
+// sender is one PP stage's KV sender of a request, with what that stage's
+// KV manager and transfer worker know of the room.
+type sender struct {
+	q      *request
+	pinned bool // the request's pin holds on this stage
+
+	work       time.Duration
+	lastUpdate time.Time
+	frozen     bool // a pin took hold
+	blocked    bool // waiting behind a wedged worker
+	wedging    bool // this sender's stuck handle holds its queue's worker
+	progress   int64
+	// outstanding is NIXL's _staging_outstanding for the room: chunks taken
+	// off the queue or posted and not settled.
+	outstanding int
+	lastPoll    kvPoll
+
+	aborted      bool // abort(): record_failure, conclude_state = Failed
+	statusFailed bool // update_status(room, Failed) took
+	sendFailed   bool // _send_failed = True
+	forced       bool
+}
+
 // record is the compact ground truth of one request (see Record).
 type record struct {
 	rid         string
@@ -101,6 +126,7 @@ type record struct {
 	entered     int64 // unix nanoseconds; 0 = not yet
 	left        int64
 	forced      int64
+	decode      int64
 	rank        int32
 	kind        uint8 // index into kinds
 	outcome     uint8 // index into outcomes
@@ -143,6 +169,7 @@ func (rc *record) export() Record {
 		Outcome:               outcomes[rc.outcome],
 		ForcedAt:              unixTime(rc.forced),
 		ProgressingWhenForced: rc.progressing,
+		DecodeReleased:        unixTime(rc.decode),
 	}
 }
 
@@ -164,23 +191,42 @@ type orderResult struct {
 	resp   pluginapi.ForceFailResponse
 }
 
-// rank is one (dp, pp) prefill scheduler, led by attention-TP rank 0.
-type rank struct {
-	mu sync.Mutex
+// group is one DP rank: its PP stages share the requests, the front queues
+// and one lock.
+type group struct {
+	mu     sync.Mutex
+	dp     int
+	stages []*rank
+	rng    *rand.Rand
 
-	idx, dp, pp int
-	pid         int
-	rng         *rand.Rand
-	running     bool // a Start goroutine drives this rank
-	paused      bool
-
-	arrivalRate float64 // requests per second on this rank
+	arrivalRate float64 // requests per second on this DP rank
 	nextArrival time.Time
-	hcEvery     time.Duration // this rank's share of the health checks
+	hcEvery     time.Duration // this DP rank's share of the health checks
 	nextHC      time.Time
 
 	bootstrapQ []*request
 	waitingQ   []*request
+	records    []record
+}
+
+// orphan is a room released while its transfer worker still holds a chunk
+// of it (round 2 orphaned_transfers).
+type orphan struct {
+	room  uint64
+	queue int
+	until time.Time // when the chunk settles; zero = never (a stuck handle)
+}
+
+// rank is one (dp, pp) prefill scheduler process, led by attention-TP rank 0.
+type rank struct {
+	mu *sync.Mutex // the group's
+
+	g           *group
+	idx, dp, pp int
+	pid         int
+	running     bool // a Start goroutine drives this rank
+	paused      bool
+
 	inflight   []*request
 	byRID      map[string]*request // the inflight queue by rid
 	pending    []*order
@@ -188,11 +234,10 @@ type rank struct {
 
 	iterations uint64 // inflight passes seen by the plugin hook
 	lastIter   time.Time
-	wedge      [TransferQueues]*request
-	wedgeClear [TransferQueues]time.Time
+	wedge      [TransferQueues]*sender // the stuck handle each worker waits on
+	orphans    []orphan
 
-	m       rankMetrics
-	records []record
+	m rankMetrics
 }
 
 func unixSeconds(t time.Time) float64 {
@@ -202,18 +247,64 @@ func unixSeconds(t time.Time) float64 {
 	return float64(t.UnixNano()) / 1e9
 }
 
-// reset puts the rank in the state of a freshly started scheduler (also used
-// by Restart and SetScenario). Requests still inside are lost.
-func (r *rank) reset(s *Sim, now time.Time, gen int, quiet bool) {
-	nowNS := now.UnixNano()
-	for _, qs := range [][]*request{r.bootstrapQ, r.waitingQ, r.inflight} {
-		for _, q := range qs {
-			rc := &r.records[q.rec]
-			rc.left = nowNS
-			rc.outcome = outcomeIndex(OutcomeRestarted)
+// reset puts the DP rank in the state of freshly started scheduler
+// processes that serve from `up` on (also used by Restart and SetScenario).
+// Requests still inside are lost; decode fails them through its heartbeat.
+func (g *group) reset(s *Sim, now, up time.Time, gen int, quiet bool) {
+	lose := func(q *request) {
+		rc := &g.records[q.rec]
+		if o := outcomes[rc.outcome]; o != OutcomeQueued && o != OutcomeInflight {
+			return
 		}
+		rc.left = now.UnixNano()
+		rc.outcome = outcomeIndex(OutcomeRestarted)
+		decode := now.Add(HeartbeatDetection)
+		if q.fake {
+			decode = now
+		} else if t := q.bootstrapDone.Add(s.opts.DecodeWaitingTimeout); !q.bootstrapDone.After(now) && t.Before(decode) {
+			decode = t
+		}
+		rc.decode = decode.UnixNano()
 	}
-	r.bootstrapQ, r.waitingQ, r.inflight = nil, nil, nil
+	for _, q := range g.bootstrapQ {
+		lose(q)
+	}
+	for _, q := range g.waitingQ {
+		lose(q)
+	}
+	g.bootstrapQ, g.waitingQ = nil, nil
+	for _, r := range g.stages {
+		for _, q := range r.inflight {
+			lose(q)
+		}
+		r.reset(gen)
+	}
+	n := float64(s.opts.DPSize)
+	g.arrivalRate = 0
+	if !quiet {
+		g.arrivalRate = s.opts.ArrivalRate / n
+	}
+	g.nextArrival = time.Time{}
+	if g.arrivalRate > 0 {
+		g.nextArrival = up.Add(g.expInterval())
+	}
+	g.hcEvery = 0
+	g.nextHC = time.Time{}
+	if s.opts.HealthCheckEvery > 0 && !quiet {
+		g.hcEvery = s.opts.HealthCheckEvery * time.Duration(n)
+		g.nextHC = up.Add(s.opts.HealthCheckEvery * time.Duration(g.dp+1))
+	}
+	// The warm-up request at start-up (fake host) forms a prefill batch, so
+	// every gauge is written once (facts §1.6: gauges change only on a log).
+	for _, r := range g.stages {
+		r.logStats(s, up, 0)
+	}
+}
+
+// reset empties one scheduler process; its requests' records are the
+// group's business.
+func (r *rank) reset(gen int) {
+	r.inflight = nil
 	clear(r.byRID)
 	for _, o := range r.pending {
 		o.state = orderClaimed
@@ -225,39 +316,20 @@ func (r *rank) reset(s *Sim, now time.Time, gen int, quiet bool) {
 	r.inflightTk = 0
 	r.iterations = 0
 	r.lastIter = time.Time{}
-	r.wedge = [TransferQueues]*request{}
-	r.wedgeClear = [TransferQueues]time.Time{}
+	r.wedge = [TransferQueues]*sender{}
+	r.orphans = nil
 	r.pid = basePID + r.idx + 1000*gen
 	r.m = rankMetrics{}
-
-	n := float64(s.opts.DPSize * s.opts.PPSize)
-	r.arrivalRate = 0
-	if !quiet {
-		r.arrivalRate = s.opts.ArrivalRate / n
-	}
-	r.nextArrival = time.Time{}
-	if r.arrivalRate > 0 {
-		r.nextArrival = now.Add(r.expInterval())
-	}
-	r.hcEvery = 0
-	r.nextHC = time.Time{}
-	if s.opts.HealthCheckEvery > 0 && !quiet {
-		r.hcEvery = s.opts.HealthCheckEvery * time.Duration(n)
-		r.nextHC = now.Add(s.opts.HealthCheckEvery * time.Duration(r.idx+1))
-	}
-	// The warm-up request at start-up (fake host) forms a prefill batch, so
-	// every gauge is written once (facts §1.6: gauges change only on a log).
-	r.logStats(s, now, 0)
 }
 
-func (r *rank) expInterval() time.Duration {
-	return time.Duration(r.rng.ExpFloat64() / r.arrivalRate * float64(time.Second))
+func (g *group) expInterval() time.Duration {
+	return time.Duration(g.rng.ExpFloat64() / g.arrivalRate * float64(time.Second))
 }
 
-func (r *rank) randomRID() string {
+func (g *group) randomRID() string {
 	var b [32]byte
 	const hex = "0123456789abcdef"
-	a, c := r.rng.Uint64(), r.rng.Uint64()
+	a, c := g.rng.Uint64(), g.rng.Uint64()
 	for i := 0; i < 16; i++ {
 		b[i] = hex[a>>(60-4*i)&0xf]
 		b[16+i] = hex[c>>(60-4*i)&0xf]
@@ -265,9 +337,9 @@ func (r *rank) randomRID() string {
 	return string(b[:])
 }
 
-func (r *rank) randomRoom() uint64 {
+func (g *group) randomRoom() uint64 {
 	for {
-		if v := r.rng.Uint64(); v != 0 {
+		if v := g.rng.Uint64(); v != 0 {
 			return v
 		}
 	}
@@ -282,8 +354,8 @@ func drawTransfer(rng *rand.Rand, median time.Duration) time.Duration {
 	return time.Duration(float64(median) * f)
 }
 
-func (r *rank) drawPrompt() int {
-	p := int(2048 * math.Exp(0.7*r.rng.NormFloat64()))
+func (g *group) drawPrompt() int {
+	p := int(2048 * math.Exp(0.7*g.rng.NormFloat64()))
 	return min(max(p, 64), 32768)
 }
 
@@ -294,9 +366,28 @@ func ceilDiv(a, b time.Duration) int64 {
 	return int64((a + b - 1) / b)
 }
 
-// newRequest builds a request arriving at `at` and its record.
-func (r *rank) newRequest(s *Sim, spec RequestSpec, at time.Time) *request {
-	q := &request{behavior: spec.Behavior, arrived: at, freezeAt: -1, nChunks: -1, lastPoll: pollBootstrapping}
+// decodePortOf binds a room to one of the deployment's decode endpoints
+// without drawing from the random stream (a fixed mix of the room).
+func decodePortOf(ports []int, room uint64) int {
+	h := room * 0x9E3779B97F4A7C15
+	return ports[(h>>32)%uint64(len(ports))]
+}
+
+// transferQueue is the queue index the backend's KV manager gives a room
+// (facts §10.1).
+func transferQueue(key string, room uint64, decodePort int) int {
+	if key == QueueKeyRoom {
+		return int(room % TransferQueues)
+	}
+	// Newest NIXL: the sum of the destination decode ports; one port per
+	// simulated endpoint.
+	return decodePort % TransferQueues
+}
+
+// newRequest builds a request arriving at `at` on rank index `rank` and its
+// record.
+func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *request {
+	q := &request{behavior: spec.Behavior, arrived: at, freezeAt: -1, nChunks: -1, queue: -1}
 	q.bootstrapDone = at.Add(max(spec.Bootstrap, 0))
 	kind := KindHealthy
 	switch spec.Behavior {
@@ -305,7 +396,11 @@ func (r *rank) newRequest(s *Sim, spec RequestSpec, at time.Time) *request {
 		kind = KindHealthCheck
 		q.rid = spec.RID
 		if q.rid == "" {
-			q.rid = "HEALTH_CHECK_" + pyRepr(unixSeconds(at))
+			if spec.Warmup {
+				q.rid = g.randomRID()
+			} else {
+				q.rid = HealthCheckPrefix + "_" + pyRepr(unixSeconds(at))
+			}
 		}
 		// SGLang sends health checks with no bootstrap port: the address is the bare host.
 		q.addr = FakeBootstrapHost
@@ -324,46 +419,69 @@ func (r *rank) newRequest(s *Sim, spec RequestSpec, at time.Time) *request {
 	if !q.fake {
 		q.rid = spec.RID
 		if q.rid == "" {
-			q.rid = r.randomRID()
+			q.rid = g.randomRID()
 		}
 		q.room = spec.Room
 		if q.room == 0 {
-			q.room = r.randomRoom()
+			q.room = g.randomRoom()
 		}
 		q.addr = s.opts.BootstrapAddr
-		q.prompt = r.drawPrompt()
-		q.cached = int(float64(q.prompt) * 0.3 * r.rng.Float64())
+		q.prompt = g.drawPrompt()
+		q.cached = int(float64(q.prompt) * 0.3 * g.rng.Float64())
+		q.decodePort = spec.DecodePort
+		if q.decodePort <= 0 {
+			q.decodePort = decodePortOf(s.opts.DecodePorts, q.room)
+		}
+		q.queue = transferQueue(s.opts.QueueKey, q.room, q.decodePort)
 	}
 	if spec.PromptTokens > 0 {
 		q.prompt = spec.PromptTokens
 		q.cached = min(q.cached, q.prompt-1)
 	}
-	q.shard = int(q.room % TransferQueues)
-	r.plan(s, q, spec)
-	q.rec = len(r.records)
-	r.records = append(r.records, record{rid: q.rid, room: q.room, rank: int32(r.idx),
+	g.plan(s, q, spec)
+	pin := kind.Pin()
+	for pp := range g.stages {
+		on := pin && (spec.PinStages == nil || containsInt(spec.PinStages, pp))
+		q.senders = append(q.senders, &sender{q: q, pinned: on, lastPoll: pollBootstrapping})
+	}
+	q.rec = len(g.records)
+	g.records = append(g.records, record{rid: q.rid, room: q.room, rank: int32(rank),
 		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeQueued)})
 	// Stages before the scheduler (tokenizer side), observed on arrival.
-	ms := func(lo, hi float64) float64 { return (lo + (hi-lo)*r.rng.Float64()) / 1000 }
-	r.m.stage(stageTokenize, ms(0.2, 5))
-	r.m.stage(stageDispatch, ms(0.05, 0.5))
-	r.m.stage(stageRequestProcess, ms(0.5, 3))
+	m := &g.stages[0].m
+	ms := func(lo, hi float64) float64 { return (lo + (hi-lo)*g.rng.Float64()) / 1000 }
+	m.stage(stageTokenize, ms(0.2, 5))
+	m.stage(stageDispatch, ms(0.05, 0.5))
+	m.stage(stageRequestProcess, ms(0.5, 3))
 	return q
 }
 
+func containsInt(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
 // plan fixes how the request's transfer will go.
-func (r *rank) plan(s *Sim, q *request, spec RequestSpec) {
-	switch q.behavior {
-	case BehaviorHealthCheck, BehaviorStuckHealthCheck, BehaviorPinAbortBeforeRegister:
+func (g *group) plan(s *Sim, q *request, spec RequestSpec) {
+	if q.fake {
 		return
 	}
 	d := spec.Transfer
 	slow := q.behavior == BehaviorSlow
 	if d == 0 {
-		if slow {
-			d = 30*time.Second + time.Duration(r.rng.Float64()*float64(120*time.Second))
-		} else {
-			d = drawTransfer(r.rng, s.opts.TransferMedian)
+		switch {
+		case slow:
+			d = 30*time.Second + time.Duration(g.rng.Float64()*float64(120*time.Second))
+		case q.behavior == BehaviorPinAbortBeforeRegister:
+			// Only the stages the pin does not hold transfer; no draw, so
+			// that a pin leaves the random stream as it was.
+			d = s.opts.TransferMedian
+		default:
+			d = drawTransfer(g.rng, s.opts.TransferMedian)
 		}
 	}
 	endless := d < 0
@@ -371,7 +489,7 @@ func (r *rank) plan(s *Sim, q *request, spec RequestSpec) {
 	if slow || endless {
 		q.pickup = 0
 		if ce <= 0 {
-			ce = time.Duration(float64(s.opts.SlowChunkEvery) * (0.5 + 0.5*r.rng.Float64()))
+			ce = time.Duration(float64(s.opts.SlowChunkEvery) * (0.5 + 0.5*g.rng.Float64()))
 		}
 	} else {
 		q.pickup = d / 50
@@ -403,18 +521,24 @@ func (r *rank) plan(s *Sim, q *request, spec RequestSpec) {
 	}
 }
 
-// pass is one iteration of the PD prefill event loop
-// (event_loop_normal_disagg_prefill, facts §3.1, §8).
-func (r *rank) pass(s *Sim, now time.Time) {
+// pass is one iteration of the PD prefill event loop of one stage
+// (event_loop_normal_disagg_prefill, facts §3.1, §8). Stage 0 carries the
+// DP rank's requests from arrival into every stage's inflight queue. It
+// reports whether the scheduler process crashed (LeversEarly: the Failed
+// branch raised); the caller then restarts the server.
+func (r *rank) pass(s *Sim, now time.Time) (crashed bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.paused {
-		return
+	if r.paused || s.down(now) {
+		return false
 	}
 	r.m.loopIterations++
-	r.arrive(s, now)
-	r.popBootstrapped(now)
-	batched := r.prefillBatch(s, now)
+	batched := false
+	if r.pp == 0 {
+		r.g.arrive(s, now)
+		r.g.popBootstrapped(now)
+		batched = r.g.prefillBatch(s, now)
+	}
 	if !batched && len(r.inflight) == 0 && now.Sub(r.m.lastLog) > s.opts.IdleRefresh {
 		// self_check_during_idle / on_idle: only with an empty inflight queue.
 		r.logStats(s, now, 0)
@@ -423,101 +547,122 @@ func (r *rank) pass(s *Sim, now time.Time) {
 		r.iterations++
 		r.lastIter = now
 		r.takeOrders(s, now)
-		r.pollInflight(s, now)
-	}
-}
-
-func (r *rank) arrive(s *Sim, now time.Time) {
-	if r.arrivalRate > 0 {
-		for !r.nextArrival.After(now) {
-			at := r.nextArrival
-			b := BehaviorHealthy
-			if s.opts.SlowFraction > 0 && r.rng.Float64() < s.opts.SlowFraction {
-				b = BehaviorSlow
-			}
-			boot := 2*time.Millisecond + time.Duration(r.rng.Float64()*float64(28*time.Millisecond))
-			r.bootstrapQ = append(r.bootstrapQ, r.newRequest(s, RequestSpec{Behavior: b, Bootstrap: boot}, at))
-			r.nextArrival = at.Add(r.expInterval())
+		if r.pollInflight(s, now) {
+			return true
 		}
 	}
-	if r.hcEvery > 0 {
-		for !r.nextHC.After(now) {
-			at := r.nextHC
-			r.bootstrapQ = append(r.bootstrapQ, r.newRequest(s, RequestSpec{Behavior: BehaviorHealthCheck}, at))
-			r.nextHC = at.Add(r.hcEvery)
+	r.pruneOrphans(now)
+	return false
+}
+
+func (g *group) arrive(s *Sim, now time.Time) {
+	if g.arrivalRate > 0 {
+		for !g.nextArrival.After(now) {
+			at := g.nextArrival
+			b := BehaviorHealthy
+			if s.opts.SlowFraction > 0 && g.rng.Float64() < s.opts.SlowFraction {
+				b = BehaviorSlow
+			}
+			boot := 2*time.Millisecond + time.Duration(g.rng.Float64()*float64(28*time.Millisecond))
+			g.bootstrapQ = append(g.bootstrapQ, g.newRequest(s, RequestSpec{Behavior: b, Bootstrap: boot}, at, g.stages[0].idx))
+			g.nextArrival = at.Add(g.expInterval())
+		}
+	}
+	if g.hcEvery > 0 {
+		for !g.nextHC.After(now) {
+			at := g.nextHC
+			g.bootstrapQ = append(g.bootstrapQ, g.newRequest(s, RequestSpec{Behavior: BehaviorHealthCheck}, at, g.stages[0].idx))
+			g.nextHC = at.Add(g.hcEvery)
 		}
 	}
 }
 
 // popBootstrapped moves bootstrapped requests to the waiting queue
 // (PrefillBootstrapQueue.pop_bootstrapped).
-func (r *rank) popBootstrapped(now time.Time) {
-	kept := r.bootstrapQ[:0]
-	for _, q := range r.bootstrapQ {
+func (g *group) popBootstrapped(now time.Time) {
+	m := &g.stages[0].m
+	kept := g.bootstrapQ[:0]
+	for _, q := range g.bootstrapQ {
 		if q.bootstrapDone.After(now) {
 			kept = append(kept, q)
 			continue
 		}
 		q.waitingSince = now
-		q.lastPoll = pollWaitingForInput
-		r.m.stage(stageBootstrap, now.Sub(q.arrived).Seconds())
-		r.m.stage(stagePrepare, 0.0002+0.0001*float64(q.prompt%7))
-		r.waitingQ = append(r.waitingQ, q)
+		for _, sd := range q.senders {
+			sd.lastPoll = pollWaitingForInput
+		}
+		m.stage(stageBootstrap, now.Sub(q.arrived).Seconds())
+		m.stage(stagePrepare, 0.0002+0.0001*float64(q.prompt%7))
+		g.waitingQ = append(g.waitingQ, q)
 	}
-	clear(r.bootstrapQ[len(kept):])
-	r.bootstrapQ = kept
+	clear(g.bootstrapQ[len(kept):])
+	g.bootstrapQ = kept
 }
 
-// prefillBatch forms and runs one prefill batch, and moves its requests into
-// the inflight queue (process_batch_result_disagg_prefill). It reports
-// whether a batch ran.
-func (r *rank) prefillBatch(s *Sim, now time.Time) bool {
-	if len(r.waitingQ) == 0 {
+// prefillBatch forms and runs one prefill batch on every stage, and moves
+// its requests into every stage's inflight queue
+// (process_batch_result_disagg_prefill). It reports whether a batch ran.
+func (g *group) prefillBatch(s *Sim, now time.Time) bool {
+	if len(g.waitingQ) == 0 {
 		return false
 	}
 	n, tokens := 0, 0
-	for n < len(r.waitingQ) && (n == 0 || tokens+r.waitingQ[n].prompt <= maxBatchTokens) {
-		tokens += r.waitingQ[n].prompt
+	for n < len(g.waitingQ) && (n == 0 || tokens+g.waitingQ[n].prompt <= maxBatchTokens) {
+		tokens += g.waitingQ[n].prompt
 		n++
 	}
-	batch := r.waitingQ[:n]
+	batch := g.waitingQ[:n]
 	newest := s.opts.Era == EraNewest
 	if !newest {
 		// v0.5 and older: log_prefill_stats when the batch is formed, before
 		// its requests enter the inflight queue (facts §1.6).
-		all := r.waitingQ
-		r.waitingQ = all[n:]
-		r.logStats(s, now, 0)
-		r.waitingQ = all
+		all := g.waitingQ
+		g.waitingQ = all[n:]
+		for _, r := range g.stages {
+			r.logStats(s, now, 0)
+		}
+		g.waitingQ = all
 	}
 	for _, q := range batch {
-		r.m.stage(stageWaiting, now.Sub(q.waitingSince).Seconds())
 		fwd := 0.004 + float64(q.prompt-q.cached)*15e-6
-		r.m.stage(stageForward, fwd)
-		if q.prompt > chunkedPrefill {
-			r.m.stage(stageChunkedPrefill, fwd/2)
+		for _, r := range g.stages {
+			r.m.stage(stageWaiting, now.Sub(q.waitingSince).Seconds())
+			r.m.stage(stageForward, fwd)
+			if q.prompt > chunkedPrefill {
+				r.m.stage(stageChunkedPrefill, fwd/2)
+			}
+			r.m.realtimeCompute += float64(q.prompt - q.cached)
+			r.m.realtimeCache += float64(q.cached)
+			r.admit(q)
 		}
-		r.m.realtimeCompute += float64(q.prompt - q.cached)
-		r.m.realtimeCache += float64(q.cached)
 		q.entered = now
-		q.lastUpdate = now
-		r.inflight = append(r.inflight, q)
-		r.byRID[q.rid] = q
-		r.inflightTk += q.prompt
-		rc := &r.records[q.rec]
+		for _, sd := range q.senders {
+			sd.lastUpdate = now
+		}
+		rc := &g.records[q.rec]
 		rc.entered = now.UnixNano()
 		rc.outcome = outcomeIndex(OutcomeInflight)
 	}
-	rest := copy(r.waitingQ, r.waitingQ[n:])
-	clear(r.waitingQ[rest:])
-	r.waitingQ = r.waitingQ[:rest]
+	rest := copy(g.waitingQ, g.waitingQ[n:])
+	clear(g.waitingQ[rest:])
+	g.waitingQ = g.waitingQ[:rest]
 	if newest {
 		// Newest: report_prefill_stats after the batch result put the
 		// requests into the inflight queue (facts §3.1); num_running_reqs
 		// counts the batch (PR #31495).
-		r.logStats(s, now, n)
+		for _, r := range g.stages {
+			r.logStats(s, now, n)
+		}
 	}
 	return true
+}
+
+// admit appends q to this stage's inflight queue.
+func (r *rank) admit(q *request) {
+	r.inflight = append(r.inflight, q)
+	r.byRID[q.rid] = q
+	r.inflightTk += q.prompt
+	q.holding++
 }
 
 // logStats is log_prefill_stats / the idle refresh: the only writer of the
@@ -527,9 +672,9 @@ func (r *rank) logStats(s *Sim, now time.Time, running int) {
 	m.lastLog = now
 	g := &m.g
 	g[gRunning] = float64(running)
-	g[gQueue] = float64(len(r.waitingQ))
+	g[gQueue] = float64(len(r.g.waitingQ))
 	g[gInflight] = float64(len(r.inflight))
-	g[gBootstrapQ] = float64(len(r.bootstrapQ))
+	g[gBootstrapQ] = float64(len(r.g.bootstrapQ))
 	used := float64(r.inflightTk)
 	g[gUsedTokens] = used
 	g[gTokenUsage] = math.Round(used/maxTotalTokens*100) / 100
@@ -547,6 +692,242 @@ func (r *rank) logStats(s *Sim, now time.Time, running int) {
 	}
 }
 
+// pollInflight is process_disagg_prefill_inflight_queue (facts §3.2,
+// §10.3): poll every sender of this stage that is not terminal yet, then
+// release the requests that every stage reports terminal (Success or
+// Failed); the others stay. It reports a crash: in LeversEarly the Failed
+// branch raises.
+func (r *rank) pollInflight(s *Sim, now time.Time) (crashed bool) {
+	for _, q := range r.inflight {
+		sd := q.senders[r.pp]
+		if sd.lastPoll.terminal() {
+			continue
+		}
+		p := r.poll(s, sd, now)
+		if p == pollFailed && s.opts.LeverEra == LeversEarly {
+			return true
+		}
+		sd.lastPoll = p
+	}
+	kept := r.inflight[:0]
+	for _, q := range r.inflight {
+		done := true
+		for _, sd := range q.senders {
+			done = done && sd.lastPoll.terminal()
+		}
+		if done {
+			r.release(s, q, now)
+		} else {
+			kept = append(kept, q)
+		}
+	}
+	clear(r.inflight[len(kept):])
+	r.inflight = kept
+	return false
+}
+
+// poll is the sender's poll() on this pass (facts §3.5, §10.2).
+func (r *rank) poll(s *Sim, sd *sender, now time.Time) kvPoll {
+	q := sd.q
+	if q.fake {
+		// FakeKVSender: conclude_state, else Success once send() ran.
+		switch {
+		case sd.aborted:
+			return pollFailed
+		case q.behavior == BehaviorStuckHealthCheck:
+			return pollWaitingForInput
+		}
+		return pollSuccess
+	}
+	if s.opts.Backend == BackendNIXL {
+		// Newest NIXL reads _send_failed first and never conclude_state;
+		// mid-2025 NIXL has no _send_failed.
+		if sd.sendFailed && s.opts.LeverEra != LeversNIXLMid2025 {
+			return pollFailed
+		}
+	} else if sd.aborted {
+		return pollFailed // Mooncake: conclude_state
+	}
+	st, _ := r.status(s, sd, now)
+	return st
+}
+
+// status is the KV manager's check_status(room) for sd's stage, with the
+// transfer worker advanced to now. present is false for a room absent from
+// request_status (it reads WaitingForInput).
+func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present bool) {
+	q := sd.q
+	if sd.pinned && q.behavior == BehaviorPinAbortBeforeRegister {
+		// The room was never registered (facts §3.4).
+		return pollWaitingForInput, false
+	}
+	if sd.statusFailed {
+		return pollFailed, true
+	}
+	r.advance(sd, now)
+	if sd.frozen {
+		return pollTransferring, true
+	}
+	if sd.work < q.pickup {
+		sd.outstanding = 0
+		return pollWaitingForInput, true
+	}
+	if q.behavior == BehaviorTransferFail && sd.work >= q.failAt {
+		sd.outstanding = 0
+		return pollFailed, true
+	}
+	p := int64((sd.work - q.pickup) / q.chunkEvery)
+	if sd.pinned && q.freezeAt >= 0 && p >= q.freezeAt {
+		sd.progress = max(sd.progress, q.freezeAt)
+		sd.frozen = true
+		sd.outstanding = 0 // resurrection: the transfer failed, then a late update revived the status
+		if q.behavior == BehaviorPinStuckHandle {
+			// A handle that stays PROC: the worker waits on it with no
+			// deadline, whatever happens to the room (facts §10.1).
+			sd.outstanding = 1
+			if r.wedge[q.queue] == nil {
+				r.wedge[q.queue] = sd
+				sd.wedging = true
+			}
+		}
+		return pollTransferring, true
+	}
+	if q.nChunks >= 0 && p >= q.nChunks {
+		sd.progress = q.nChunks
+		sd.outstanding = 0
+		return pollSuccess, true
+	}
+	sd.progress = max(sd.progress, p)
+	sd.outstanding = 1
+	return pollTransferring, true
+}
+
+// advance credits worker time to sd unless its queue's worker is wedged on
+// another room's handle.
+func (r *rank) advance(sd *sender, now time.Time) {
+	q := sd.q
+	from := sd.lastUpdate
+	sd.lastUpdate = now
+	if sd.frozen {
+		return
+	}
+	// The queue's worker is serial: a room it had already picked up was
+	// ahead of the stuck handle and finishes; a room it had not picked up
+	// waits behind the handle until the process restarts.
+	if w := r.wedge[q.queue]; w != nil && w != sd && (sd.blocked || sd.work < q.pickup) {
+		if !sd.blocked {
+			sd.blocked = true
+			r.g.markBlocked(q)
+		}
+		return
+	}
+	if d := now.Sub(from); d > 0 {
+		sd.work += d
+	}
+}
+
+func (g *group) markBlocked(q *request) {
+	rc := &g.records[q.rec]
+	switch kinds[rc.kind] {
+	case KindHealthy, KindSlow, KindFailing:
+		rc.kind = kindIndex(KindBlockedByWedge)
+	}
+}
+
+// release takes q out of this stage's inflight queue (the caller drops it
+// from the slice) and does what SGLang does on Success or Failed. The last
+// stage to release it settles its record.
+func (r *rank) release(s *Sim, q *request, now time.Time) {
+	sd := q.senders[r.pp]
+	if r.byRID[q.rid] == q {
+		delete(r.byRID, q.rid)
+	}
+	r.inflightTk -= q.prompt
+	if sd.outstanding > 0 && !q.fake {
+		// The Failed branch frees the request, not the transfer: the worker
+		// still holds the chunk (facts §10.1, §10.2).
+		o := orphan{room: q.room, queue: q.queue}
+		if !sd.wedging && !sd.frozen {
+			o.until = now.Add(q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery)
+		}
+		r.orphans = append(r.orphans, o)
+	}
+	ok := sd.lastPoll == pollSuccess
+	m := &r.m
+	if !ok {
+		m.transferFailed++
+	} else {
+		inflight := now.Sub(q.entered).Seconds()
+		m.stage(stageTransfer, inflight)
+		if !q.fake {
+			// KV-transfer metrics for non-fake requests (facts §3.2).
+			latencyMS := max(inflight*1000, 0.05)
+			mb := float64(q.prompt) * kvMBPerToken
+			bootMS := q.bootstrapDone.Sub(q.arrived).Seconds() * 1000
+			allocMS := q.entered.Sub(q.waitingSince).Seconds() * 1000
+			speed := mb / 1000 / (latencyMS / 1000)
+			if s.opts.Era == EraNewest {
+				m.kv[kvSpeed].observe(kvBuckets[kvSpeed], speed)
+				m.kv[kvLatency].observe(kvBuckets[kvLatency], latencyMS)
+				m.kv[kvBootstrap].observe(kvBuckets[kvBootstrap], bootMS)
+				m.kv[kvAlloc].observe(kvBuckets[kvAlloc], allocMS)
+				m.kv[kvTotalMB].observe(kvBuckets[kvTotalMB], mb)
+			} else {
+				m.g[gKVSpeed], m.g[gKVLatency], m.g[gKVBootstrap], m.g[gKVAlloc], m.g[gKVTotalMB] =
+					speed, latencyMS, bootMS, allocMS, mb
+			}
+		}
+	}
+	allOK, forced := true, false
+	for _, x := range q.senders {
+		allOK = allOK && x.lastPoll == pollSuccess
+		forced = forced || x.forced
+	}
+	if r.pp == 0 && allOK {
+		// Tokenizer side: observe_one_finished_request (facts §1.5).
+		m.requests++
+		m.promptTokens += float64(q.prompt)
+		m.genTokens++
+		m.cachedTokens += float64(q.cached)
+		e2e := now.Sub(q.arrived).Seconds()
+		m.ttft.observe(ttftBuckets, e2e)
+		m.e2e.observe(e2eBuckets, e2e)
+	}
+	q.holding--
+	if q.holding > 0 {
+		return
+	}
+	rc := &r.g.records[q.rec]
+	rc.left = now.UnixNano()
+	switch {
+	case allOK:
+		rc.outcome = outcomeIndex(OutcomeSuccess)
+		rc.decode = now.Add(decodeSuccessLag).UnixNano()
+	case forced:
+		rc.outcome = outcomeIndex(OutcomeFailedForced)
+	default:
+		rc.outcome = outcomeIndex(OutcomeFailed)
+	}
+	switch {
+	case q.fake:
+		rc.decode = rc.left
+	case !allOK:
+		// Nothing tells decode (neither the flip nor the Failed branch
+		// sends KV_STATUS): it waits out its own timeout (facts §10.4).
+		rc.decode = q.bootstrapDone.Add(s.opts.DecodeWaitingTimeout).UnixNano()
+	}
+}
+
+func (r *rank) pruneOrphans(now time.Time) {
+	kept := r.orphans[:0]
+	for _, o := range r.orphans {
+		if o.until.IsZero() || o.until.After(now) {
+			kept = append(kept, o)
+		}
+	}
+	r.orphans = kept
+}
+
 // takeOrders applies the queued force-fail orders at the start of the
 // inflight pass (the plugin's hook, clarification 3).
 func (r *rank) takeOrders(s *Sim, now time.Time) {
@@ -559,8 +940,24 @@ func (r *rank) takeOrders(s *Sim, now time.Time) {
 	r.pending = r.pending[:0]
 }
 
-// applyOrder decides an order against the live inflight queue and sets the
-// lever. Callers hold r.mu.
+// levers are the plugin's levers on this SGLang (server.levers), in the
+// order it pulls them, and why the list is short (server.lever_note).
+func (s *Sim) levers() ([]string, string) {
+	switch s.opts.LeverEra {
+	case LeversNIXLMid2025:
+		return []string{}, "mid-2025 NIXL: poll() reads neither _send_failed nor conclude_state, and update_status ignores Failed"
+	case LeversEarly:
+		return []string{}, "this SGLang's prefill Failed branch raises, which would crash the scheduler"
+	}
+	if s.opts.Backend == BackendNIXL {
+		return []string{pluginapi.LeverAbort, pluginapi.LeverSendFailed}, ""
+	}
+	return []string{pluginapi.LeverAbort}, ""
+}
+
+// applyOrder decides an order against the live inflight queue and pulls
+// the levers (round 2: health check, transfer succeeded, already failed,
+// dry run, flip). Callers hold r.mu.
 func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time) (int, pluginapi.ForceFailResponse) {
 	q, ok := r.byRID[req.RID]
 	if !ok {
@@ -569,19 +966,43 @@ func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time)
 	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
 		return roomMismatch(req.RID, q.room)
 	}
+	if q.healthCheck() {
+		return healthCheck(q)
+	}
+	sd := q.senders[r.pp]
+	if st, _ := r.status(s, sd, now); st == pollSuccess {
+		room := q.room
+		return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultTransferSucceeded, RID: q.rid, BootstrapRoom: &room,
+			Error: "the transfer of rid " + strconv.Quote(q.rid) + " succeeded; the scheduler releases it on its own"}
+	}
+	levers, _ := s.levers()
 	room := q.room
 	resp := pluginapi.ForceFailResponse{RID: q.rid, BootstrapRoom: &room, Lever: q.lever(s.opts.Backend),
 		AppliedUnix: unixSeconds(now)}
+	set := sd.leversSet(levers)
 	switch {
-	case q.leverSet || q.lastPoll == pollFailed:
+	case sd.lastPoll == pollFailed || (len(levers) > 0 && len(set) == len(levers)):
 		resp.Result = pluginapi.ResultAlreadyFailed
+		resp.Levers = set
 	case req.DryRun:
 		resp.Result = pluginapi.ResultWouldFlip
+		resp.Levers = levers
 	default:
 		resp.Result = pluginapi.ResultFlipped
-		r.setLever(q, now)
+		resp.Levers = levers
+		r.pull(s, q, levers, now)
 	}
 	return 200, resp
+}
+
+func (sd *sender) leversSet(levers []string) []string {
+	var set []string
+	for _, l := range levers {
+		if (l == pluginapi.LeverAbort && sd.aborted) || (l == pluginapi.LeverSendFailed && sd.sendFailed) {
+			set = append(set, l)
+		}
+	}
+	return set
 }
 
 func notFound(rid string) (int, pluginapi.ForceFailResponse) {
@@ -595,249 +1016,128 @@ func roomMismatch(rid string, actual uint64) (int, pluginapi.ForceFailResponse) 
 			strconv.FormatUint(actual, 10) + ", not the one given"}
 }
 
-// setLever pulls the backend's lever on q and records the ground truth.
-func (r *rank) setLever(q *request, now time.Time) {
-	rc := &r.records[q.rec]
-	if !q.fake {
-		if w := r.wedge[q.shard]; w != nil && w != q && q.behavior != BehaviorPinAbortBeforeRegister && (q.blocked || q.work < q.pickup) {
-			q.blocked = true
-			r.markBlocked(q)
+func healthCheck(q *request) (int, pluginapi.ForceFailResponse) {
+	room := q.room
+	return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultHealthCheck, RID: q.rid, BootstrapRoom: &room,
+		Error: "rid " + strconv.Quote(q.rid) + " is an SGLang health check or warm-up request; it is never force-failed"}
+}
+
+// pull pulls the named levers on this stage's sender of q and records the
+// ground truth. abort() is CommonKVSender.abort: record_failure,
+// update_status(room, Failed), conclude_state = Failed (facts §10.2).
+func (r *rank) pull(s *Sim, q *request, levers []string, now time.Time) {
+	sd := q.senders[r.pp]
+	for _, l := range levers {
+		switch l {
+		case pluginapi.LeverAbort:
+			sd.aborted = true
+			// The common manager lets Failed overwrite a present room (Success
+			// included) and ignores an absent one; mid-2025 NIXL merges with
+			// max(), so Failed (0) never takes.
+			if !q.fake && s.opts.LeverEra != LeversNIXLMid2025 {
+				if _, present := r.status(s, sd, now); present {
+					sd.statusFailed = true
+				}
+			}
+		case pluginapi.LeverSendFailed:
+			sd.sendFailed = true
 		}
 	}
+	sd.forced = true
+	rc := &r.g.records[q.rec]
 	switch kinds[rc.kind] {
 	case KindHealthy, KindSlow, KindHealthCheck, KindFailing:
 		rc.progressing = true
-	case KindBlockedByWedge:
-		// A room behind a wedge made no progress; once the wedge cleared it
-		// is progressing again from its first new chunk on.
-		rc.progressing = !q.blocked && q.progress > q.unblockedAt
 	}
-	q.leverSet = true
-	q.forced = true
-	rc.forced = now.UnixNano()
-	if q.wedging {
-		// Simplification: the worker abandons the stuck handle once the
-		// room's lever is set, so the shard recovers.
-		r.clearWedge(q, now)
+	if rc.forced == 0 {
+		rc.forced = now.UnixNano()
 	}
-}
-
-func (r *rank) markBlocked(q *request) {
-	rc := &r.records[q.rec]
-	switch kinds[rc.kind] {
-	case KindHealthy, KindSlow, KindFailing:
-		rc.kind = kindIndex(KindBlockedByWedge)
-	}
-}
-
-func (r *rank) clearWedge(q *request, now time.Time) {
-	q.wedging = false
-	if r.wedge[q.shard] == q {
-		r.wedge[q.shard] = nil
-		r.wedgeClear[q.shard] = now
-	}
-}
-
-// pollInflight is process_disagg_prefill_inflight_queue (facts §3.2): poll
-// every sender, keep WaitingForInput/Transferring, release Success and Failed.
-func (r *rank) pollInflight(s *Sim, now time.Time) {
-	kept := r.inflight[:0]
-	for _, q := range r.inflight {
-		p := r.poll(q, now)
-		q.lastPoll = p
-		switch p {
-		case pollSuccess:
-			r.release(s, q, now, true)
-		case pollFailed:
-			r.release(s, q, now, false)
-		default:
-			kept = append(kept, q)
-		}
-	}
-	clear(r.inflight[len(kept):])
-	r.inflight = kept
-}
-
-// poll is the sender's poll() on this pass.
-func (r *rank) poll(q *request, now time.Time) kvPoll {
-	if q.leverSet {
-		// NIXL checks _send_failed first; Mooncake and fake senders return
-		// conclude_state once it is set (facts §3.5).
-		return pollFailed
-	}
-	if q.fake {
-		if q.behavior == BehaviorStuckHealthCheck {
-			return pollWaitingForInput
-		}
-		return pollSuccess // send() ran at the forward
-	}
-	if q.behavior == BehaviorPinAbortBeforeRegister {
-		// check_status of a room that was never registered (facts §3.4).
-		return pollWaitingForInput
-	}
-	r.advance(q, now)
-	if q.frozen {
-		return pollTransferring
-	}
-	if q.work < q.pickup {
-		return pollWaitingForInput
-	}
-	if q.behavior == BehaviorTransferFail && q.work >= q.failAt {
-		return pollFailed
-	}
-	p := int64((q.work - q.pickup) / q.chunkEvery)
-	if q.freezeAt >= 0 && p >= q.freezeAt {
-		p = q.freezeAt
-		q.frozen = true
-		if q.behavior == BehaviorPinStuckHandle && r.wedge[q.shard] == nil {
-			r.wedge[q.shard] = q
-			q.wedging = true
-		}
-	} else if q.nChunks >= 0 && p >= q.nChunks {
-		q.progress = q.nChunks
-		return pollSuccess
-	}
-	q.progress = max(q.progress, p)
-	return pollTransferring
-}
-
-// advance credits worker time to q unless its shard is wedged by another room.
-func (r *rank) advance(q *request, now time.Time) {
-	from := q.lastUpdate
-	q.lastUpdate = now
-	if q.frozen {
-		return
-	}
-	// The shard's worker is serial: a room it had already picked up was
-	// ahead of the stuck handle and finishes; the rooms it had not picked up
-	// wait behind the handle.
-	if w := r.wedge[q.shard]; w != nil && w != q && (q.blocked || q.work < q.pickup) {
-		if !q.blocked {
-			q.blocked = true
-			r.markBlocked(q)
-		}
-		return
-	}
-	if q.blocked {
-		if c := r.wedgeClear[q.shard]; c.After(from) {
-			from = c
-		}
-		q.blocked = false
-		q.unblockedAt = q.progress
-	}
-	if d := now.Sub(from); d > 0 {
-		q.work += d
-	}
-}
-
-// release takes q out of the inflight queue (the caller drops it from the
-// slice) and does what SGLang does on Success or Failed.
-func (r *rank) release(s *Sim, q *request, now time.Time, ok bool) {
-	if r.byRID[q.rid] == q {
-		delete(r.byRID, q.rid)
-	}
-	r.inflightTk -= q.prompt
-	if q.wedging {
-		r.clearWedge(q, now)
-	}
-	rc := &r.records[q.rec]
-	rc.left = now.UnixNano()
-	if !ok {
-		rc.outcome = outcomeIndex(OutcomeFailed)
-		if q.forced {
-			rc.outcome = outcomeIndex(OutcomeFailedForced)
-		}
-		r.m.transferFailed++
-		return
-	}
-	rc.outcome = outcomeIndex(OutcomeSuccess)
-	m := &r.m
-	inflight := now.Sub(q.entered).Seconds()
-	m.stage(stageTransfer, inflight)
-	if !q.fake {
-		// KV-transfer metrics for non-fake requests (facts §3.2).
-		latencyMS := max(inflight*1000, 0.05)
-		mb := float64(q.prompt) * kvMBPerToken
-		bootMS := q.bootstrapDone.Sub(q.arrived).Seconds() * 1000
-		allocMS := q.entered.Sub(q.waitingSince).Seconds() * 1000
-		speed := mb / 1000 / (latencyMS / 1000)
-		if s.opts.Era == EraNewest {
-			m.kv[kvSpeed].observe(kvBuckets[kvSpeed], speed)
-			m.kv[kvLatency].observe(kvBuckets[kvLatency], latencyMS)
-			m.kv[kvBootstrap].observe(kvBuckets[kvBootstrap], bootMS)
-			m.kv[kvAlloc].observe(kvBuckets[kvAlloc], allocMS)
-			m.kv[kvTotalMB].observe(kvBuckets[kvTotalMB], mb)
-		} else {
-			m.g[gKVSpeed], m.g[gKVLatency], m.g[gKVBootstrap], m.g[gKVAlloc], m.g[gKVTotalMB] =
-				speed, latencyMS, bootMS, allocMS, mb
-		}
-	}
-	// Tokenizer side: observe_one_finished_request (facts §1.5).
-	m.requests++
-	m.promptTokens += float64(q.prompt)
-	m.genTokens++
-	m.cachedTokens += float64(q.cached)
-	e2e := now.Sub(q.arrived).Seconds()
-	m.ttft.observe(ttftBuckets, e2e)
-	m.e2e.observe(e2eBuckets, e2e)
 }
 
 // listing builds the plugin's view of this rank. Callers hold r.mu.
 func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
-	l := pluginapi.Listing{
-		APIVersion: pluginapi.APIVersion,
-		Server: pluginapi.Server{PID: r.pid, DPRank: r.dp, PPRank: r.pp, TPRank: 0,
-			DisaggregationMode: "prefill", TransferBackend: s.opts.Backend,
-			SGLangVersion: eraVersion[s.opts.Era]},
-		NowUnix:  unixSeconds(now),
-		Loop:     pluginapi.Loop{Iterations: r.iterations, LastIterationUnix: unixSeconds(r.lastIter)},
-		Queues:   pluginapi.Queues{Bootstrap: len(r.bootstrapQ), Waiting: len(r.waitingQ), Inflight: len(r.inflight)},
-		Inflight: make([]pluginapi.Room, len(r.inflight)),
-	}
+	levers, note := s.levers()
 	nixl := s.opts.Backend == BackendNIXL
+	srv := pluginapi.Server{PID: r.pid, DPRank: r.dp, PPRank: r.pp, TPRank: 0,
+		DisaggregationMode: "prefill", TransferBackend: s.opts.Backend,
+		SGLangVersion: eraVersion[s.opts.Era], Levers: levers, LeverNote: note, PPSize: s.opts.PPSize}
+	if nixl {
+		srv.TransferQueues = intPtr(TransferQueues)
+	}
+	l := pluginapi.Listing{
+		APIVersion:        pluginapi.APIVersion,
+		Server:            srv,
+		NowUnix:           unixSeconds(now),
+		Loop:              pluginapi.Loop{Iterations: r.iterations, LastIterationUnix: unixSeconds(r.lastIter)},
+		Queues:            pluginapi.Queues{Bootstrap: len(r.g.bootstrapQ), Waiting: len(r.g.waitingQ), Inflight: len(r.inflight)},
+		Inflight:          make([]pluginapi.Room, len(r.inflight)),
+		OrphanedTransfers: []pluginapi.OrphanedTransfer{},
+	}
 	for i, q := range r.inflight {
-		progress := q.progress
+		sd := q.senders[r.pp]
+		progress := sd.progress
 		if q.fake {
 			progress = -1
 		}
-		l.Inflight[i] = pluginapi.Room{
-			RID: q.rid, BootstrapRoom: q.room, BootstrapAddr: q.addr, Poll: q.lastPoll.String(),
+		rm := pluginapi.Room{
+			RID: q.rid, BootstrapRoom: q.room, BootstrapAddr: q.addr, Poll: sd.lastPoll.String(),
 			AgeSeconds: now.Sub(q.entered).Seconds(), PromptTokens: q.prompt, Progress: progress,
-			SendFailed: nixl && !q.fake && q.leverSet, HealthCheck: q.fake,
+			SendFailed: nixl && !q.fake && sd.sendFailed, HealthCheck: q.healthCheck(),
+		}
+		// Mooncake exposes no per-room transfer state; the fake sender has
+		// no KV manager queue.
+		inFlight := nixl && !q.fake && sd.outstanding > 0
+		rm.TransferInFlight = &inFlight
+		if nixl && !q.fake {
+			rm.TransferQueue = intPtr(q.queue)
+		}
+		l.Inflight[i] = rm
+	}
+	if nixl {
+		for _, o := range r.orphans {
+			if o.until.IsZero() || o.until.After(now) {
+				l.OrphanedTransfers = append(l.OrphanedTransfers, pluginapi.OrphanedTransfer{
+					BootstrapRoom: o.room, TransferQueue: intPtr(o.queue), OutstandingChunks: 1})
+			}
 		}
 	}
 	return l
 }
 
+func intPtr(v int) *int { return &v }
+
 var eraVersion = map[string]string{
 	EraName: "0.3.5", EraModelName: "0.4.0", EraEngineType: "0.4.9", EraV05: "0.5.9", EraNewest: "0.6.0",
 }
 
-// parity builds the parity scene on this (fresh) rank; see SetScenario.
-func (r *rank) parity(s *Sim, now time.Time) {
+// parity builds the parity scene on this (fresh) DP rank; see SetScenario.
+func (g *group) parity(s *Sim, now time.Time) {
 	add := func(spec RequestSpec, addr string, ago time.Duration) {
 		entered := now.Add(-ago)
-		q := r.newRequest(s, spec, entered)
+		q := g.newRequest(s, spec, entered, g.stages[0].idx)
 		q.addr = addr
 		q.waitingSince = entered
 		q.entered = entered
-		q.lastUpdate = entered
-		q.lastPoll = r.poll(q, now)
-		r.inflight = append(r.inflight, q)
-		r.byRID[q.rid] = q
-		r.inflightTk += q.prompt
-		rc := &r.records[q.rec]
+		for _, r := range g.stages {
+			sd := q.senders[r.pp]
+			sd.lastUpdate = entered
+			sd.lastPoll = r.poll(s, sd, now)
+			r.admit(q)
+		}
+		rc := &g.records[q.rec]
 		rc.entered = entered.UnixNano()
 		rc.outcome = outcomeIndex(OutcomeInflight)
 	}
-	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096,
+	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096, DecodePort: 17001,
 		Behavior: BehaviorPinResurrection, FreezeAt: 3, ChunkEvery: 100 * time.Millisecond, Transfer: time.Second},
 		DefaultBootstrapAddr, 120*time.Second)
-	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024,
+	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024, DecodePort: 17002,
 		Behavior: BehaviorSlow, Transfer: -1, ChunkEvery: 100 * time.Millisecond},
 		"10.0.0.8:8998", 5*time.Second)
 	// A health check has no bootstrap port, so its address is the bare host.
 	add(RequestSpec{RID: "HEALTH_CHECK_1764403200.0", Behavior: BehaviorStuckHealthCheck},
 		FakeBootstrapHost, 200*time.Second)
-	r.logStats(s, now, 0)
+	for _, r := range g.stages {
+		r.logStats(s, now, 0)
+	}
 }

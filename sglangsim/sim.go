@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
 // Label eras of SGLang's /metrics (facts §1.2).
@@ -29,38 +31,105 @@ const (
 // ScenarioParity is the scene shared with the Python stand-in.
 const ScenarioParity = "parity"
 
+// Lever eras (Options.LeverEra): which of the plugin's levers make SGLang's
+// poll() read Failed (facts §10.2).
+const (
+	// LeversNewest: the sender's abort() works on every backend (the common
+	// manager's update_status lets Failed overwrite a present room), and NIXL
+	// senders have _send_failed, which poll() reads first.
+	LeversNewest = "newest"
+	// LeversNIXLMid2025: mid-2025 NIXL: no _send_failed, poll() ignores
+	// conclude_state and a max()-only update_status ignores Failed. No lever
+	// works; the plugin reports none and answers 501.
+	LeversNIXLMid2025 = "nixl-mid2025"
+	// LeversEarly: about v0.4.5, the scheduler's Failed branch raises: a poll
+	// that reads Failed crashes the scheduler process, which takes the whole
+	// server down. The plugin reports no lever and answers 501.
+	LeversEarly = "early"
+)
+
+// Transfer queue keys (Options.QueueKey, facts §10.1).
+const (
+	// QueueKeyDecodePorts is newest NIXL: the sum of the room's destination
+	// decode ports modulo the queue count.
+	QueueKeyDecodePorts = "decode_ports"
+	// QueueKeyRoom is older NIXL and the seeds' incident: room % queues.
+	QueueKeyRoom = "room"
+)
+
 const (
 	// FakeBootstrapHost is SGLang's FAKE_BOOTSTRAP_HOST (disaggregation/utils.py):
 	// health checks and warm-up requests use the fake sender through it.
 	FakeBootstrapHost = "2.2.2.2"
+	// HealthCheckPrefix starts the rid of SGLang's health checks (not of
+	// warm-up requests).
+	HealthCheckPrefix = "HEALTH_CHECK"
 	// DefaultBootstrapAddr is the bootstrap address of normal requests: the
 	// prefill server's own bootstrap server.
 	DefaultBootstrapAddr = "10.0.0.7:8998"
 	// TransferQueues is SGLANG_DISAGGREGATION_QUEUE_SIZE's default (facts
-	// §3.7): transfer-worker shards per rank, picked by room % TransferQueues.
+	// §3.7): transfer worker queues per scheduler process.
 	TransferQueues = 4
 	// DefaultModelName is the model name when Options.ModelName is empty.
 	DefaultModelName = "meta-llama/Llama-3.1-8B-Instruct"
+	// DefaultBootTime is how long a restarted server takes to serve again.
+	DefaultBootTime = 30 * time.Second
+	// DefaultDecodeWaitingTimeout is SGLANG_DISAGGREGATION_WAITING_TIMEOUT's
+	// default (facts §3.7).
+	DefaultDecodeWaitingTimeout = 300 * time.Second
+	// HeartbeatDetection is how long decode takes to fail the rooms of a
+	// dead prefill: SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (5 s) times
+	// SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2).
+	HeartbeatDetection = 10 * time.Second
+	// decodeSuccessLag is how long after prefill's Success decode frees
+	// the slot of a request it has finished (its one decode step).
+	decodeSuccessLag = 20 * time.Millisecond
 )
+
+// DefaultDecodePorts are the decode endpoints of a simulated deployment,
+// one port each: queues 0, 1, 2, 3, 0, 1 under QueueKeyDecodePorts, so two
+// pairs of endpoints share a transfer queue.
+var DefaultDecodePorts = []int{17000, 17001, 17002, 17003, 17004, 17005}
 
 // Options configures a Sim. Only Clock is required.
 type Options struct {
 	Clock  clock.Clock // required; the only source of time
 	DPSize int         // data-parallel ranks; default 1
-	PPSize int         // pipeline stages; default 1. Rank index = dp*PPSize + pp.
+	// PPSize is the number of pipeline stages; default 1. Rank index =
+	// dp*PPSize + pp. The stages of one DP rank share the same requests.
+	PPSize int
 	// Era picks the /metrics label scheme: EraName, EraModelName,
 	// EraEngineType, EraV05 (default) or EraNewest.
 	Era string
 	// Backend is BackendNIXL (lever _send_failed, default) or BackendMooncake
 	// (lever conclude_state).
-	Backend   string
-	ModelName string // default DefaultModelName
-	Seed      int64  // everything random comes from this seed
-	Token     string // bearer token for /admin/*; "" = none
+	Backend string
+	// LeverEra picks what the levers do: LeversNewest (default),
+	// LeversNIXLMid2025 (NIXL only) or LeversEarly.
+	LeverEra string
+	// QueueKey picks how a room's transfer queue is chosen:
+	// QueueKeyDecodePorts (default) or QueueKeyRoom.
+	QueueKey string
+	// DecodePorts are the deployment's decode endpoints; each request is
+	// bound for one of them (RequestSpec.DecodePort, or drawn from the room).
+	// Default DefaultDecodePorts.
+	DecodePorts []int
+	// AllowRestart lets POST /admin/restart restart the server
+	// (SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1); otherwise it answers 403.
+	AllowRestart bool
+	// BootTime is how long a restarted or crashed server refuses its plugin
+	// listeners and /metrics; 0 = DefaultBootTime, negative = none.
+	BootTime time.Duration
+	// DecodeWaitingTimeout is decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT;
+	// default DefaultDecodeWaitingTimeout.
+	DecodeWaitingTimeout time.Duration
+	ModelName            string // default DefaultModelName
+	Seed                 int64  // everything random comes from this seed
+	Token                string // bearer token for /admin/*; "" = none
 	// BootstrapAddr is the bootstrap_addr of normal requests; default DefaultBootstrapAddr.
 	BootstrapAddr string
 	// ArrivalRate is healthy traffic in requests per simulated second over
-	// all ranks (Poisson); 0 = none.
+	// all DP ranks (Poisson); 0 = none.
 	ArrivalRate float64
 	// TransferMedian is the median KV transfer time of healthy requests;
 	// default 200ms. Lognormal with sigma 1: p99.9 is about 22x the median.
@@ -71,7 +140,7 @@ type Options struct {
 	SlowChunkEvery time.Duration // default 5s
 	// HealthCheckEvery sends SGLang health checks through the fake sender
 	// (rid "HEALTH_CHECK_<unix>", room 0, host 2.2.2.2), round-robin over the
-	// ranks; 0 = none.
+	// DP ranks; 0 = none.
 	HealthCheckEvery time.Duration
 	IdleRefresh      time.Duration // default 30s (facts §1.6)
 	// HookRunsWhenEmpty: newest loops call the inflight pass every iteration;
@@ -123,8 +192,8 @@ const (
 	// PinAbortBeforeRegister: an ABORT popped transfer_infos before the room
 	// was registered: WaitingForInput for ever, progress 0 (facts §3.4, §3.5).
 	PinAbortBeforeRegister
-	// PinStuckHandle: a handle stuck in PROC wedges the transfer-worker shard
-	// room % 4 of its rank (facts §3.5, §7.6).
+	// PinStuckHandle: a handle stuck in PROC wedges the transfer worker of
+	// the room's queue until the process restarts (facts §10.1).
 	PinStuckHandle
 )
 
@@ -150,6 +219,16 @@ type RequestSpec struct {
 	// Bootstrap is the time spent in the bootstrap queue; 0 = none, so that
 	// the next pass carries the request into the inflight queue.
 	Bootstrap time.Duration
+	// DecodePort is the decode endpoint the request is bound for; 0 = one of
+	// Options.DecodePorts, picked from the room. Health checks have none.
+	DecodePort int
+	// PinStages are the PP stages whose transfer the pin holds; nil = every
+	// stage. The other stages transfer normally (Transfer, or the median).
+	PinStages []int
+	// Warmup makes a BehaviorHealthCheck or BehaviorStuckHealthCheck a
+	// warm-up request: same fake host and room 0, a plain random rid with
+	// no HEALTH_CHECK prefix (facts §10.5).
+	Warmup bool
 }
 
 // Kind is the ground-truth class of a request.
@@ -159,8 +238,8 @@ type Kind string
 const (
 	KindHealthy                = Kind("healthy")
 	KindSlow                   = Kind("slow")
-	KindHealthCheck            = Kind("health_check")
-	KindFailing                = Kind("failing") // BehaviorTransferFail
+	KindHealthCheck            = Kind("health_check") // also warm-up requests
+	KindFailing                = Kind("failing")      // BehaviorTransferFail
 	KindPinResurrection        = Kind("pin_resurrection")
 	KindPinAbortBeforeRegister = Kind("pin_abort_before_register")
 	KindPinStuckHandle         = Kind("pin_stuck_handle")
@@ -185,7 +264,9 @@ const (
 	OutcomeSuccess      = Outcome("success")
 	OutcomeFailedForced = Outcome("failed_forced") // released after a force-fail set its lever
 	OutcomeFailed       = Outcome("failed")        // failed by itself
-	OutcomeRestarted    = Outcome("restarted")     // lost in Restart
+	// OutcomeRestarted: lost when the server restarted or crashed; the
+	// client got an error.
+	OutcomeRestarted = Outcome("restarted")
 )
 
 var outcomes = [...]Outcome{OutcomeQueued, OutcomeInflight, OutcomeSuccess, OutcomeFailedForced,
@@ -205,19 +286,29 @@ type Record struct {
 	// making progress: kinds healthy, slow, health_check, failing, or
 	// blocked_by_wedge once it sent a chunk after its wedge cleared.
 	ProgressingWhenForced bool
+	// DecodeReleased is when decode frees the request's slot and KV pages:
+	// shortly after Left on Success; DecodeWaitingTimeout after decode
+	// started waiting when prefill failed it; HeartbeatDetection after a
+	// prefill restart (or the timeout, if earlier). Zero while prefill
+	// still holds the request.
+	DecodeReleased time.Time
 }
 
 // Sim is a simulated SGLang PD prefill server. All methods are safe for
 // concurrent use.
 type Sim struct {
-	opts  Options
-	clock clock.Clock
-	ranks []*rank
+	opts   Options
+	clock  clock.Clock
+	ranks  []*rank  // by rank index dp*PPSize + pp
+	groups []*group // by dp rank
 
-	cfgMu sync.RWMutex
-	model string // guarded by cfgMu
-	gen   int    // restart generation, guarded by cfgMu
-	quiet bool   // no arrivals and no health checks (parity scene), guarded by cfgMu
+	restartMu sync.Mutex // one restart at a time
+
+	cfgMu     sync.RWMutex
+	model     string    // guarded by cfgMu
+	gen       int       // restart generation, guarded by cfgMu
+	quiet     bool      // no arrivals and no health checks (parity scene), guarded by cfgMu
+	downUntil time.Time // the server boots until then, guarded by cfgMu
 }
 
 // New validates the options and returns a simulator whose clock starts at
@@ -249,6 +340,33 @@ func New(o Options) (*Sim, error) {
 	default:
 		return nil, fmt.Errorf("sglangsim: unknown backend %q", o.Backend)
 	}
+	switch o.LeverEra {
+	case "":
+		o.LeverEra = LeversNewest
+	case LeversNewest, LeversEarly:
+	case LeversNIXLMid2025:
+		if o.Backend != BackendNIXL {
+			return nil, fmt.Errorf("sglangsim: lever era %q needs backend %q", o.LeverEra, BackendNIXL)
+		}
+	default:
+		return nil, fmt.Errorf("sglangsim: unknown lever era %q", o.LeverEra)
+	}
+	switch o.QueueKey {
+	case "":
+		o.QueueKey = QueueKeyDecodePorts
+	case QueueKeyDecodePorts, QueueKeyRoom:
+	default:
+		return nil, fmt.Errorf("sglangsim: unknown queue key %q", o.QueueKey)
+	}
+	if len(o.DecodePorts) == 0 {
+		o.DecodePorts = DefaultDecodePorts
+	}
+	for _, p := range o.DecodePorts {
+		if p <= 0 || p > 65535 {
+			return nil, fmt.Errorf("sglangsim: decode port %d is not a TCP port", p)
+		}
+	}
+	o.DecodePorts = slices.Clone(o.DecodePorts)
 	if o.ArrivalRate < 0 || o.SlowFraction < 0 || o.SlowFraction > 1 {
 		return nil, errors.New("sglangsim: ArrivalRate must be >= 0 and SlowFraction in [0, 1]")
 	}
@@ -273,19 +391,29 @@ func New(o Options) (*Sim, error) {
 	if o.HealthCheckEvery < 0 {
 		o.HealthCheckEvery = 0
 	}
+	if o.BootTime == 0 {
+		o.BootTime = DefaultBootTime
+	}
+	if o.BootTime < 0 {
+		o.BootTime = 0
+	}
+	if o.DecodeWaitingTimeout <= 0 {
+		o.DecodeWaitingTimeout = DefaultDecodeWaitingTimeout
+	}
 	s := &Sim{opts: o, clock: o.Clock, model: o.ModelName}
 	now := s.clock.Now()
-	n := o.DPSize * o.PPSize
-	for i := 0; i < n; i++ {
-		r := &rank{
-			idx:   i,
-			dp:    i / o.PPSize,
-			pp:    i % o.PPSize,
-			rng:   rand.New(rand.NewPCG(uint64(o.Seed), uint64(i)*0x9E3779B97F4A7C15+1)),
-			byRID: make(map[string]*request),
+	for dp := 0; dp < o.DPSize; dp++ {
+		g := &group{
+			dp:  dp,
+			rng: rand.New(rand.NewPCG(uint64(o.Seed), uint64(dp)*0x9E3779B97F4A7C15+1)),
 		}
-		r.reset(s, now, 0, false)
-		s.ranks = append(s.ranks, r)
+		for pp := 0; pp < o.PPSize; pp++ {
+			r := &rank{mu: &g.mu, g: g, idx: dp*o.PPSize + pp, dp: dp, pp: pp, byRID: make(map[string]*request)}
+			g.stages = append(g.stages, r)
+			s.ranks = append(s.ranks, r)
+		}
+		g.reset(s, now, now, 0, false)
+		s.groups = append(s.groups, g)
 	}
 	if o.Scenario != "" {
 		if err := s.SetScenario(o.Scenario); err != nil {
@@ -317,6 +445,17 @@ func (s *Sim) modelName() string {
 	return s.model
 }
 
+// Booting tells whether the server is down after a restart or crash at
+// the clock's current time: its plugin listeners and /metrics refuse
+// connections, and its schedulers make no passes.
+func (s *Sim) Booting() bool { return s.down(s.clock.Now()) }
+
+func (s *Sim) down(now time.Time) bool {
+	s.cfgMu.RLock()
+	defer s.cfgMu.RUnlock()
+	return now.Before(s.downUntil)
+}
+
 // Start runs one goroutine per rank that makes a scheduler pass about every
 // millisecond of wall time, each at Clock.Now(), until ctx ends. Calling it
 // again while the goroutines run does nothing.
@@ -344,7 +483,10 @@ func (s *Sim) runRank(ctx context.Context, r *rank) {
 			r.mu.Unlock()
 			return
 		case <-t.C:
-			r.pass(s, s.clock.Now())
+			now := s.clock.Now()
+			if r.pass(s, now) {
+				s.restartServer(now)
+			}
 		}
 	}
 }
@@ -355,7 +497,9 @@ func (s *Sim) runRank(ctx context.Context, r *rank) {
 func (s *Sim) Step() {
 	now := s.clock.Now()
 	for _, r := range s.ranks {
-		r.pass(s, now)
+		if r.pass(s, now) {
+			s.restartServer(now)
+		}
 	}
 }
 
@@ -368,38 +512,48 @@ func (s *Sim) PauseLoop(rank int, paused bool) {
 	r.mu.Unlock()
 }
 
-// Restart models an SGLang restart: every request in the server is lost
-// (Outcome "restarted"), counters, histograms and loop counters start again
-// from 0, the scheduler pids change and a warm-up batch writes the gauges.
-// Pending force-fail orders are answered 503. Traffic continues; later
-// requests may reuse a room id with a new rid.
-func (s *Sim) Restart() {
+// Restart models an SGLang server restart (what POST /admin/restart, a
+// crash, or the orchestrator does): every scheduler process of the server
+// exits at once, every request in it is lost (Outcome "restarted"), and
+// for BootTime the plugin listeners and /metrics refuse connections. Then
+// the server serves again with new pids, empty queues, loop counters,
+// counters and histograms from 0, no wedged transfer worker and no
+// orphaned transfer, and a warm-up batch writes the gauges. Pending
+// force-fail orders are answered 503. Later requests may reuse a room id
+// with a new rid.
+func (s *Sim) Restart() { s.restartServer(s.clock.Now()) }
+
+func (s *Sim) restartServer(now time.Time) {
+	s.restartMu.Lock()
+	defer s.restartMu.Unlock()
 	s.cfgMu.Lock()
 	s.gen++
 	gen, quiet := s.gen, s.quiet
+	up := now.Add(s.opts.BootTime)
+	s.downUntil = up
 	s.cfgMu.Unlock()
-	now := s.clock.Now()
-	for _, r := range s.ranks {
-		r.mu.Lock()
-		r.reset(s, now, gen, quiet)
-		r.mu.Unlock()
+	for _, g := range s.groups {
+		g.mu.Lock()
+		g.reset(s, now, up, gen, quiet)
+		g.mu.Unlock()
 	}
 }
 
 // Submit injects one request with a fixed behaviour into the bootstrap queue
-// of spec.Rank and returns its rid and room. It panics if the rank does not
-// exist.
+// of spec.Rank's DP rank (every PP stage of it gets the request) and returns
+// its rid and room. It panics if the rank does not exist.
 func (s *Sim) Submit(spec RequestSpec) (rid string, room uint64) {
 	r := s.rank(spec.Rank)
 	now := s.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	q := r.newRequest(s, spec, now)
-	r.bootstrapQ = append(r.bootstrapQ, q)
+	q := r.g.newRequest(s, spec, now, r.idx)
+	r.g.bootstrapQ = append(r.g.bootstrapQ, q)
 	return q.rid, q.room
 }
 
-// Inject submits a request pinned by one of the three mechanisms.
+// Inject submits a request pinned by one of the three mechanisms, on every
+// PP stage of the rank's DP rank.
 func (s *Sim) Inject(rank int, pin PinKind) (rid string, room uint64) {
 	b := BehaviorPinResurrection
 	switch pin {
@@ -411,40 +565,66 @@ func (s *Sim) Inject(rank int, pin PinKind) (rid string, room uint64) {
 	return s.Submit(RequestSpec{Rank: rank, Behavior: b})
 }
 
-// Records returns the ground truth of every request so far, rank by rank in
-// arrival order.
+// PullLever pulls every lever the backend has on the request's sender of
+// one rank directly, bypassing the plugin's refusals (health check,
+// transfer succeeded, unsupported): the sender's abort() and, on NIXL,
+// _send_failed = True. It models an operator at a Python prompt or an
+// older plugin. Whether poll() then reads Failed depends on the lever era;
+// in LeversEarly a Failed poll crashes the server. It reports whether the
+// rid is in the rank's inflight queue.
+func (s *Sim) PullLever(rank int, rid string) bool {
+	r := s.rank(rank)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q, ok := r.byRID[rid]
+	if !ok {
+		return false
+	}
+	levers := []string{pluginapi.LeverAbort}
+	if s.opts.Backend == BackendNIXL && !q.fake {
+		levers = append(levers, pluginapi.LeverSendFailed)
+	}
+	r.pull(s, q, levers, s.clock.Now())
+	return true
+}
+
+// Records returns the ground truth of every request so far, DP rank by DP
+// rank in arrival order.
 func (s *Sim) Records() []Record {
 	var n int
-	for _, r := range s.ranks {
-		r.mu.Lock()
-		n += len(r.records)
-		r.mu.Unlock()
+	for _, g := range s.groups {
+		g.mu.Lock()
+		n += len(g.records)
+		g.mu.Unlock()
 	}
 	out := make([]Record, 0, n)
-	for _, r := range s.ranks {
-		r.mu.Lock()
-		for i := range r.records {
-			out = append(out, r.records[i].export())
+	for _, g := range s.groups {
+		g.mu.Lock()
+		for i := range g.records {
+			out = append(out, g.records[i].export())
 		}
-		r.mu.Unlock()
+		g.mu.Unlock()
 	}
 	return out
 }
 
 // SetScenario replaces the simulator's state with a named scene. The only
 // scene is ScenarioParity, shared with the Python stand-in: no arrivals, no
-// health checks, model "standin", and on rank 0 (dp0/pp0/tp0) exactly these
-// inflight requests:
+// health checks, model "standin", and on DP rank 0 (every PP stage; with
+// PPSize 1 that is rank 0, dp0/pp0/tp0) exactly these inflight requests:
 //
 //  1. "pinned-0001", room 9223372036854775001, addr "10.0.0.7:8998", 4096
-//     prompt tokens, Transferring with progress frozen at 3 (a resurrection
-//     pin), entered 120 s ago;
+//     prompt tokens, bound for decode port 17001 (transfer queue 1),
+//     Transferring with progress frozen at 3 (a resurrection pin: the
+//     transfer failed, no chunk outstanding), entered 120 s ago;
 //  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.8:8998", 1024
-//     prompt tokens, Transferring with progress advancing by 1 every 100 ms
-//     of clock time (50 at setup) and never finishing, entered 5 s ago;
+//     prompt tokens, bound for decode port 17002 (transfer queue 2),
+//     Transferring with progress advancing by 1 every 100 ms of clock time
+//     (50 at setup) and never finishing, a chunk always in flight, entered
+//     5 s ago;
 //  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2", 1 prompt
-//     token, fake sender in WaitingForInput for ever (progress -1), entered
-//     200 s ago.
+//     token, fake sender in WaitingForInput for ever (progress -1, no
+//     transfer queue, nothing in flight), entered 200 s ago.
 //
 // Counters start from 0, and the scene stays without traffic across
 // Restart. It must be called before Start.
@@ -466,14 +646,14 @@ func (s *Sim) SetScenario(name string) error {
 	gen := s.gen
 	s.cfgMu.Unlock()
 	now := s.clock.Now()
-	for _, r := range s.ranks {
-		r.mu.Lock()
-		r.reset(s, now, gen, true)
-		r.mu.Unlock()
+	for _, g := range s.groups {
+		g.mu.Lock()
+		g.reset(s, now, now, gen, true)
+		g.mu.Unlock()
 	}
-	r := s.ranks[0]
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.parity(s, now)
+	g := s.groups[0]
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.parity(s, now)
 	return nil
 }

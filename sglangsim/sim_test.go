@@ -2,8 +2,10 @@ package sglangsim
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -314,65 +316,6 @@ func TestHealthChecks(t *testing.T) {
 	}
 }
 
-func TestRestart(t *testing.T) {
-	s, c := newSim(t, Options{Era: EraNewest, ArrivalRate: 20, Seed: 11})
-	pinRID, pinRoom := s.Inject(0, PinResurrection)
-	run(s, c, 10*time.Second, 100*time.Millisecond)
-	fail, _ := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: pinRID}, "")
-	if fail != 200 {
-		t.Fatal(fail)
-	}
-	s.Submit(RequestSpec{Behavior: BehaviorPinAbortBeforeRegister})
-	run(s, c, time.Second, 100*time.Millisecond)
-	if v := mustMetric(t, s, "sglang:num_transfer_failed_reqs_total", nil); v != 1 {
-		t.Fatalf("failed counter %v", v)
-	}
-	before := s.Listing(0)
-	if before.Loop.Iterations == 0 || mustMetric(t, s, "sglang:num_requests_total", nil) == 0 {
-		t.Fatal("no traffic before the restart")
-	}
-	s.Restart()
-	after := s.Listing(0)
-	if len(after.Inflight) != 0 || after.Queues != (pluginapi.Queues{}) || after.Loop.Iterations != 0 ||
-		after.Server.PID == before.Server.PID {
-		t.Fatalf("after restart: %+v", after)
-	}
-	for _, name := range []string{"sglang:num_transfer_failed_reqs_total", "sglang:num_requests_total",
-		"sglang:prompt_tokens_total", "sglang:scheduler_loop_iterations_total", "sglang:num_prefill_inflight_queue_reqs"} {
-		if v := mustMetric(t, s, name, nil); v != 0 {
-			t.Errorf("%s = %v after restart", name, v)
-		}
-	}
-	if _, ok := metric(t, s, "sglang:per_stage_req_latency_seconds_count", nil); ok {
-		t.Error("histogram series survived the restart")
-	}
-	lost := 0
-	for _, r := range s.Records() {
-		if r.Outcome == OutcomeRestarted {
-			lost++
-			if r.Left.IsZero() {
-				t.Fatalf("restarted record without Left: %+v", r)
-			}
-		}
-		if r.Outcome == OutcomeInflight || r.Outcome == OutcomeQueued {
-			t.Fatalf("record still in the server: %+v", r)
-		}
-	}
-	if lost == 0 {
-		t.Fatal("no request lost in the restart")
-	}
-	// A later request reuses the pinned room with a new rid.
-	newRID, _ := s.Submit(RequestSpec{Room: pinRoom, Behavior: BehaviorPinResurrection})
-	s.Step()
-	if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: pinRID, BootstrapRoom: &pinRoom}, ""); st != 404 {
-		t.Fatalf("old rid after restart: %d %+v", st, resp)
-	}
-	st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: newRID, BootstrapRoom: &pinRoom}, "")
-	if st != 200 || resp.Result != pluginapi.ResultFlipped || *resp.BootstrapRoom != pinRoom {
-		t.Fatalf("new rid: %d %+v", st, resp)
-	}
-}
-
 func TestParityScenario(t *testing.T) {
 	for _, backend := range []string{BackendNIXL, BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
@@ -381,18 +324,33 @@ func TestParityScenario(t *testing.T) {
 			if len(l.Inflight) != 3 || l.Queues != (pluginapi.Queues{Inflight: 3}) || l.Server.TransferBackend != backend {
 				t.Fatalf("parity listing: %+v", l)
 			}
+			nixl := backend == BackendNIXL
+			queue := func(q int) *int {
+				if nixl {
+					return &q
+				}
+				return nil
+			}
 			want := []pluginapi.Room{
 				{RID: "pinned-0001", BootstrapRoom: 9223372036854775001, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
-					AgeSeconds: 120, PromptTokens: 4096, Progress: 3},
+					AgeSeconds: 120, PromptTokens: 4096, Progress: 3, TransferInFlight: ptr(false), TransferQueue: queue(1)},
 				{RID: "healthy-0002", BootstrapRoom: 18446744073709551557, BootstrapAddr: "10.0.0.8:8998", Poll: "Transferring",
-					AgeSeconds: 5, PromptTokens: 1024, Progress: 50},
+					AgeSeconds: 5, PromptTokens: 1024, Progress: 50, TransferInFlight: ptr(nixl), TransferQueue: queue(2)},
 				{RID: "HEALTH_CHECK_1764403200.0", BootstrapRoom: 0, BootstrapAddr: "2.2.2.2", Poll: "WaitingForInput",
-					AgeSeconds: 200, PromptTokens: 1, Progress: -1, HealthCheck: true},
+					AgeSeconds: 200, PromptTokens: 1, Progress: -1, HealthCheck: true, TransferInFlight: ptr(false)},
 			}
 			for i, w := range want {
-				if l.Inflight[i] != w {
-					t.Errorf("room %d = %+v, want %+v", i, l.Inflight[i], w)
+				if !reflect.DeepEqual(l.Inflight[i], w) {
+					t.Errorf("room %d = %s, want %s", i, must(json.Marshal(l.Inflight[i])), must(json.Marshal(w)))
 				}
+			}
+			wantLevers := []string{pluginapi.LeverAbort, pluginapi.LeverSendFailed}
+			if !nixl {
+				wantLevers = []string{pluginapi.LeverAbort}
+			}
+			if srv := l.Server; !slices.Equal(srv.Levers, wantLevers) || srv.LeverNote != "" || srv.PPSize != 1 ||
+				!reflect.DeepEqual(srv.TransferQueues, queue(TransferQueues)) || l.OrphanedTransfers == nil || len(l.OrphanedTransfers) != 0 {
+				t.Errorf("parity server %+v, orphaned %v", srv, l.OrphanedTransfers)
 			}
 			run(s, c, time.Second, 100*time.Millisecond)
 			l = s.Listing(0)
@@ -411,11 +369,11 @@ func TestParityScenario(t *testing.T) {
 				t.Fatalf("dry run: %d %+v", st, resp)
 			}
 			st, resp = s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "HEALTH_CHECK_1764403200.0", DryRun: true}, "")
-			if st != 200 || resp.Lever != pluginapi.LeverConcludeState || resp.BootstrapRoom == nil || *resp.BootstrapRoom != 0 {
+			if st != 409 || resp.Result != pluginapi.ResultHealthCheck || resp.BootstrapRoom == nil || *resp.BootstrapRoom != 0 {
 				t.Fatalf("health check dry run: %d %+v", st, resp)
 			}
 			st, resp = s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "pinned-0001"}, "")
-			if st != 200 || resp.Result != pluginapi.ResultFlipped || resp.Lever != wantLever ||
+			if st != 200 || resp.Result != pluginapi.ResultFlipped || resp.Lever != wantLever || !slices.Equal(resp.Levers, wantLevers) ||
 				*resp.BootstrapRoom != 9223372036854775001 || resp.AppliedUnix != unixSeconds(c.Now()) {
 				t.Fatalf("flip: %d %+v", st, resp)
 			}
@@ -429,7 +387,7 @@ func TestParityScenario(t *testing.T) {
 				t.Fatalf("record %+v", r)
 			}
 			s.Restart()
-			run(s, c, 10*time.Second, 100*time.Millisecond)
+			run(s, c, 40*time.Second, 100*time.Millisecond)
 			if l := s.Listing(0); l.Queues != (pluginapi.Queues{}) || len(s.Records()) != 3 {
 				t.Fatalf("parity scene got traffic after a restart: %+v, %d records", l.Queues, len(s.Records()))
 			}
