@@ -42,6 +42,21 @@ const (
 	ResultHealthCheck       = "health_check"
 	ResultTransferSucceeded = "transfer_succeeded"
 	ResultUnsupported       = "unsupported"
+	// Round 3: decode. The transfer into the request's pages may still be
+	// live and the caller did not assert that prefill stopped sending.
+	ResultTransferLive = "transfer_live"
+)
+
+// Disaggregation modes (server.disaggregation_mode).
+const (
+	ModePrefill = "prefill"
+	ModeDecode  = "decode"
+)
+
+// Decode queues (DecodeRequest.Queue).
+const (
+	DecodeQueuePrealloc = "prealloc"
+	DecodeQueueTransfer = "transfer"
 )
 
 // Restart results (POST /admin/restart).
@@ -59,6 +74,8 @@ const (
 	// LeverAbort is the sender's own abort(), as Scheduler.abort_request
 	// calls it (round 2).
 	LeverAbort = "abort"
+	// LeverDeferredAbort is decode's register_deferred_abort_room (round 3).
+	LeverDeferredAbort = "deferred_abort"
 )
 
 // Listing is the body of GET /debug/inflight.
@@ -73,6 +90,25 @@ type Listing struct {
 	// KV manager still counts outstanding chunks for them (round 2). Nil
 	// means the plugin does not report them (older plugin).
 	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
+	// DecodeRequests lists the requests of a decode scheduler's prealloc
+	// and transfer queues (round 3); nil on prefill and older plugins.
+	DecodeRequests []DecodeRequest `json:"decode_requests,omitempty"`
+}
+
+// DecodeRequest is one request waiting in a decode scheduler's prealloc
+// or transfer queue (round 3).
+type DecodeRequest struct {
+	RID            string  `json:"rid"`
+	BootstrapRoom  uint64  `json:"bootstrap_room"`
+	BootstrapAddr  string  `json:"bootstrap_addr"`
+	Queue          string  `json:"queue"`
+	Poll           string  `json:"poll"`
+	AgeSeconds     float64 `json:"age_seconds"`
+	Progress       int64   `json:"progress"`
+	ChunksExpected *int64  `json:"chunks_expected"`
+	// TransferStarted is nil where unknown.
+	TransferStarted *bool `json:"transfer_started"`
+	HealthCheck     bool  `json:"health_check"`
 }
 
 // OrphanedTransfer is a room gone from the inflight queue whose transfer
@@ -101,6 +137,9 @@ type Server struct {
 	PPSize int `json:"pp_size,omitempty"`
 	// TransferQueues is nil when unknown.
 	TransferQueues *int `json:"transfer_queues"`
+	// DeferredRelease is decode's deferred KV release setting (round 3);
+	// nil on prefill or where unknown.
+	DeferredRelease *bool `json:"deferred_release,omitempty"`
 }
 
 // Loop is the scheduler-loop liveness counter seen by the plugin's hook.
@@ -114,6 +153,9 @@ type Queues struct {
 	Bootstrap int `json:"bootstrap"`
 	Waiting   int `json:"waiting"`
 	Inflight  int `json:"inflight"`
+	// Decode queues (round 3); 0 on prefill.
+	Prealloc int `json:"prealloc,omitempty"`
+	Transfer int `json:"transfer,omitempty"`
 }
 
 // Room is one request in the prefill inflight queue. BootstrapRoom is a
@@ -140,6 +182,9 @@ type ForceFailRequest struct {
 	BootstrapRoom *uint64 `json:"bootstrap_room,omitempty"`
 	Reason        string  `json:"reason,omitempty"`
 	DryRun        bool    `json:"dry_run"`
+	// PrefillStopped asserts, on decode, that the prefill peer has stopped
+	// sending for this room (round 3).
+	PrefillStopped bool `json:"prefill_stopped,omitempty"`
 }
 
 // ForceFailResponse is the body of every POST /admin/force_fail answer.
