@@ -1,18 +1,54 @@
-package main
+// Package e2e holds the end-to-end tests: they build the sglang-watchdog
+// binary and drive it over HTTP, against the simulator, the real Python
+// plugin, and the real Prometheus and Alertmanager.
+package e2e
 
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/go-kit/log"
-
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/collector"
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
+
+// binary is the sglang-watchdog command built for this run.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sglang-watchdog-e2e")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "sglang-watchdog")
+	if out, err := exec.Command("go", "build", "-o", binary, "..").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// repoRoot is where the tests find the repository's files.
+const repoRoot = ".."
 
 // simServer starts the simulator on loopback with its scheduler loops
 // running in real time on clk.
@@ -32,30 +68,30 @@ func simServer(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, string, []
 	return sim, metricsURL, pluginURLs
 }
 
-// watchdogFromArgs builds the watchdog exactly as the run command does,
-// from command-line arguments, then puts it on clk.
-func watchdogFromArgs(t *testing.T, clk clock.Clock, args ...string) *watchdog.Watchdog {
-	wd, _ := watchdogAndOptions(t, clk, args...)
-	return wd
-}
-
-func watchdogAndOptions(t *testing.T, clk clock.Clock, args ...string) (*watchdog.Watchdog, *options) {
+// inProcessWatchdog builds the watchdog from its packages with the run
+// command's default flags (README, "Flags"), for the tests that need a
+// fake clock and so cannot run the binary.
+func inProcessWatchdog(t *testing.T, clk clock.Clock, metricsURL string, pluginURLs []string, mode watchdog.Mode, maxPerMinute int) *watchdog.Watchdog {
 	t.Helper()
-	var o options
-	if _, err := newApp(&o).Parse(append([]string{"run"}, args...)); err != nil {
-		t.Fatal(err)
+	cfg := watchdog.Config{
+		Clock: clk, Logger: nopLogger{}, Interval: time.Second, MetricsInterval: 15 * time.Second,
+		Deadline: 60 * time.Second, StallWindow: 30 * time.Second, PinWindow: 2 * time.Minute, MaxRooms: 100000,
+		Mode: mode, MaxPerMinute: maxPerMinute, ConfirmTimeout: 60 * time.Second,
+		Metrics: collector.NewMetricsScraper(metricsURL, 5*time.Second),
 	}
-	cfg, err := watchdogConfig(&o, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
+	for _, u := range pluginURLs {
+		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: 800 * time.Millisecond, AdminTimeout: 7 * time.Second}))
 	}
-	cfg.Clock = clk
 	wd, err := watchdog.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return wd, &o
+	return wd
 }
+
+type nopLogger struct{}
+
+func (nopLogger) Log(...interface{}) error { return nil }
 
 func pluginArgs(urls []string) []string {
 	var args []string
@@ -80,9 +116,158 @@ func step(clk *clock.Fake, wd *watchdog.Watchdog, second int) {
 	wd.RunCycle(context.Background())
 }
 
-// TestEndToEndReleasesEveryPinAndNoProgressingRequest runs the run
-// command's wiring against the simulator over loopback HTTP, on a fake
-// clock: every pin mechanism is released within deadline + 3 intervals,
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if ok() {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s", timeout, what)
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+func tokenFile(t *testing.T, token string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(token+"\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// syncBuffer collects a process's output for concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// runBinary runs one command of the binary to its end.
+func runBinary(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return exit.ExitCode(), stdout.String(), stderr.String()
+	case err != nil:
+		t.Fatal(err)
+	}
+	return 0, stdout.String(), stderr.String()
+}
+
+// watchdogProc is the binary's run command, started for one test.
+type watchdogProc struct {
+	base string
+	port int
+	logs *syncBuffer
+	cmd  *exec.Cmd
+}
+
+// startWatchdog runs the binary on a free loopback port with args, waits
+// until it serves /-/healthy, and stops it (SIGTERM, by its PID) when the
+// test ends.
+func startWatchdog(t *testing.T, args ...string) *watchdogProc {
+	t.Helper()
+	p := &watchdogProc{port: freePort(t), logs: &syncBuffer{}}
+	p.base = fmt.Sprintf("http://127.0.0.1:%d", p.port)
+	p.cmd = exec.Command(binary, append([]string{fmt.Sprintf("--web.listen-address=127.0.0.1:%d", p.port)}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("watchdog log (last 3000 bytes):\n%s", tail([]byte(p.logs.String()), 3000))
+		}
+	})
+	waitFor(t, "the watchdog serving /-/healthy", 20*time.Second, func() bool {
+		resp, err := http.Get(p.base + "/-/healthy")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return p
+}
+
+func (p *watchdogProc) stop() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// metrics returns the binary's /metrics exposition.
+func (p *watchdogProc) metrics(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(p.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// has reports whether the exposition holds the sample line exactly.
+func (p *watchdogProc) has(t *testing.T, line string) bool {
+	return strings.Contains("\n"+p.metrics(t), "\n"+line+"\n")
+}
+
+// TestEndToEndReleasesEveryPinAndNoProgressingRequest runs the watchdog's
+// packages with the run command's defaults against the simulator over
+// loopback HTTP, on a fake clock (so it cannot drive the binary): every pin mechanism is released within deadline + 3 intervals,
 // and no progressing request is ever force-failed over thousands of healthy
 // requests with a heavy tail and slow-but-progressing transfers.
 func TestEndToEndReleasesEveryPinAndNoProgressingRequest(t *testing.T) {
@@ -94,8 +279,7 @@ func TestEndToEndReleasesEveryPinAndNoProgressingRequest(t *testing.T) {
 				ArrivalRate: 20, TransferMedian: 400 * time.Millisecond, SlowFraction: 0.02,
 				HealthCheckEvery: 10 * time.Second,
 			})
-			wd := watchdogFromArgs(t, clk, append(pluginArgs(pluginURLs),
-				"--sglang.metrics-url="+metricsURL, "--force-fail.mode=auto", "--force-fail.max-per-minute=30")...)
+			wd := inProcessWatchdog(t, clk, metricsURL, pluginURLs, watchdog.ModeAuto, 30)
 			sim.Submit(sglangsim.RequestSpec{Rank: 1, Behavior: sglangsim.BehaviorStuckHealthCheck})
 
 			const seconds = 240
@@ -152,24 +336,24 @@ func TestEndToEndReleasesEveryPinAndNoProgressingRequest(t *testing.T) {
 	}
 }
 
-// TestInflightAndForceFailCommands drives the operator commands against the
-// simulator's parity scenario.
+// TestInflightAndForceFailCommands drives the operator commands of the
+// binary against the simulator's parity scenario.
 func TestInflightAndForceFailCommands(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	_, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk, Scenario: sglangsim.ScenarioParity})
 	time.Sleep(10 * time.Millisecond)
 
-	var out, errb bytes.Buffer
-	if code := run([]string{"inflight", "--plugin.url=" + pluginURLs[0]}, &out, &errb); code != 0 {
-		t.Fatalf("inflight exit %d: %s", code, errb.String())
+	code, out, errb := runBinary(t, "inflight", "--plugin.url="+pluginURLs[0])
+	if code != 0 {
+		t.Fatalf("inflight exit %d: %s", code, errb)
 	}
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if len(lines) != 5 || !strings.Contains(lines[1], "HEALTH_CHECK") || !strings.Contains(lines[2], "pinned-0001") || !strings.Contains(lines[3], "healthy-0002") {
-		t.Fatalf("inflight table not sorted oldest first:\n%s", out.String())
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 6 || !strings.Contains(lines[0], "KIND") || !strings.Contains(lines[1], "pinned-0001") || !strings.Contains(lines[2], "healthy-0002") ||
+		!strings.Contains(lines[3], "HEALTH_CHECK_") || !strings.Contains(lines[5], "never force-failed") {
+		t.Fatalf("inflight table not sorted oldest first with the health check last and marked:\n%s", out)
 	}
-	out.Reset()
-	if code := run([]string{"inflight", "--plugin.url=" + pluginURLs[0], "--output=json"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "18446744073709551557") {
-		t.Fatalf("inflight json exit %d lost the 64-bit room:\n%s", code, out.String())
+	if code, out, _ := runBinary(t, "inflight", "--plugin.url="+pluginURLs[0], "--output=json"); code != 0 || !strings.Contains(out, "18446744073709551557") {
+		t.Fatalf("inflight json exit %d lost the 64-bit room:\n%s", code, out)
 	}
 
 	for _, tc := range []struct {
@@ -182,44 +366,12 @@ func TestInflightAndForceFailCommands(t *testing.T) {
 		{[]string{"--rid=nobody"}, 1, "result=not_found"},
 		{[]string{"--rid=pinned-0001", "--room=9223372036854775001"}, 0, "result=flipped"},
 	} {
-		out.Reset()
-		errb.Reset()
-		args := append([]string{"force-fail", "--plugin.url=" + pluginURLs[0]}, tc.args...)
-		if code := run(args, &out, &errb); code != tc.code || !strings.Contains(out.String(), tc.want) {
-			t.Errorf("%v: exit %d, output %q %q; want exit %d and %q", tc.args, code, out.String(), errb.String(), tc.code, tc.want)
+		code, out, errb := runBinary(t, append([]string{"force-fail", "--plugin.url=" + pluginURLs[0]}, tc.args...)...)
+		if code != tc.code || !strings.Contains(out, tc.want) {
+			t.Errorf("%v: exit %d, output %q %q; want exit %d and %q", tc.args, code, out, errb, tc.code, tc.want)
 		}
 	}
-
-	errb.Reset()
-	if code := run([]string{"force-fail", "--rid=x", "--plugin.url=http://10.1.2.3:30100"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "not a loopback") {
-		t.Errorf("a remote plugin URL was accepted: exit %d %s", code, errb.String())
-	}
-}
-
-func TestConfigErrorsAreClear(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"--plugin.timeout=2s"}, "--plugin.timeout (2s) must be shorter than --watchdog.interval (1s)"},
-		{[]string{"--sglang.timeout=20s"}, "--sglang.timeout (20s) must be shorter"},
-		{[]string{"--plugin.url=http://192.0.2.1:30100"}, "not a loopback address"},
-		{[]string{"--plugin.token-file=/nonexistent/token"}, "reading token file"},
-	} {
-		var o options
-		if _, err := newApp(&o).Parse(append([]string{"run"}, tc.args...)); err != nil {
-			t.Fatal(err)
-		}
-		_, err := watchdogConfig(&o, log.NewNopLogger())
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%v: err = %v, want %q", tc.args, err, tc.want)
-		}
-	}
-}
-
-func TestVersionFlag(t *testing.T) {
-	var out bytes.Buffer
-	if code := run([]string{"--version"}, &out, &out); code != 0 || !strings.HasPrefix(out.String(), appName+", version") {
-		t.Fatalf("--version: exit %d, %q", code, out.String())
+	if code, _, errb := runBinary(t, "force-fail", "--rid=x", "--plugin.url=http://10.1.2.3:30100"); code != 2 || !strings.Contains(errb, "not a loopback") {
+		t.Errorf("a remote plugin URL was accepted: exit %d %s", code, errb)
 	}
 }

@@ -1,83 +1,16 @@
-package main
+package e2e
 
 import (
-	"bytes"
-	"context"
-	"io"
-	"net"
-	"net/http"
-	"net/http/httptest"
+	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-kit/log"
-
-	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
-	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
-	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
-// hardLogs is a log sink safe for concurrent writers.
-type hardLogs struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *hardLogs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *hardLogs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// TestTokensComeOnlyFromFiles walks every command's flags: the only flags
-// about a token take a file path, so that a token never sits in a process
-// listing, a shell history or a manifest's args.
-func TestTokensComeOnlyFromFiles(t *testing.T) {
-	var o options
-	model := newApp(&o).Model()
-	flags := model.Flags
-	for _, c := range model.Commands {
-		flags = append(flags, c.Flags...)
-	}
-	seen := 0
-	for _, f := range flags {
-		name := strings.ToLower(f.Name)
-		if !strings.Contains(name, "token") && !strings.Contains(name, "secret") && !strings.Contains(name, "password") &&
-			!strings.Contains(name, "auth") && !strings.Contains(name, "bearer") {
-			continue
-		}
-		seen++
-		if !strings.HasSuffix(name, "-file") {
-			t.Errorf("flag --%s takes a secret's value; secrets must come from a file", f.Name)
-		}
-	}
-	if seen == 0 {
-		t.Fatal("no token flag found: the walk is broken")
-	}
-	// The environment form of the flag is a path too: setting it to a
-	// token value fails instead of being used as the token.
-	t.Setenv("SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE", "s3cret-token-value")
-	var o2 options
-	if _, err := newApp(&o2).Parse([]string{"run"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := watchdogConfig(&o2, log.NewNopLogger()); err == nil || !strings.Contains(err.Error(), "reading token file") {
-		t.Errorf("a token value given as the token-file variable was not refused: %v", err)
-	}
-}
-
-// TestTokenNeverLogged runs the run command's wiring (runWatchdog) at debug
-// level in auto mode against the simulator with a bearer token: with the
+// TestTokenNeverLogged runs the binary at debug level in auto mode against the simulator with a bearer token: with the
 // right token the pin is force-failed, with a wrong one every call is
 // refused; neither token ever appears in the logs, and the force-fail
 // command prints neither.
@@ -93,30 +26,20 @@ func TestTokenNeverLogged(t *testing.T) {
 			sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Token: token, Seed: 2})
 			rid, room := sim.Inject(0, sglangsim.PinAbortBeforeRegister)
 			tokenFile := tokenFile(t, tc.fileToken)
-			var o options
-			if _, err := newApp(&o).Parse([]string{"run", "--web.listen-address=127.0.0.1:0",
-				"--sglang.metrics-url=" + metricsURL, "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
-				"--plugin.url=" + pluginURLs[0], "--plugin.token-file=" + tokenFile, "--plugin.timeout=100ms",
+			wd := startWatchdog(t, "--log.level=debug",
+				"--sglang.metrics-url="+metricsURL, "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
+				"--plugin.url="+pluginURLs[0], "--plugin.token-file="+tokenFile, "--plugin.timeout=100ms",
 				"--watchdog.interval=200ms", "--watchdog.deadline=1s", "--watchdog.stall-window=1s", "--watchdog.pin-window=20s",
-				"--force-fail.mode=auto"}); err != nil {
-				t.Fatal(err)
-			}
-			logs := &hardLogs{}
-			logger, err := logging.New(logs, logging.Config{Level: "debug", Format: "logfmt"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan int)
-			go func() { done <- runWatchdog(ctx, &o, logger) }()
+				"--force-fail.mode=auto")
+			logs := wd.logs
 			deadline := time.Now().Add(15 * time.Second)
 			for !strings.Contains(logs.String(), tc.want) && time.Now().Before(deadline) {
 				time.Sleep(50 * time.Millisecond)
 			}
 			time.Sleep(500 * time.Millisecond)
-			cancel()
-			if code := <-done; code != 0 {
-				t.Errorf("runWatchdog exited %d", code)
+			wd.stop()
+			if code := wd.cmd.ProcessState.ExitCode(); code != 0 {
+				t.Errorf("the watchdog exited %d", code)
 			}
 			out := logs.String()
 			if !strings.Contains(out, tc.want) {
@@ -128,12 +51,11 @@ func TestTokenNeverLogged(t *testing.T) {
 				}
 			}
 
-			var stdout, stderr bytes.Buffer
-			run([]string{"force-fail", "--plugin.url=" + pluginURLs[0], "--plugin.token-file=" + tokenFile,
-				"--rid=" + rid, "--room=" + uintString(room), "--dry-run"}, &stdout, &stderr)
+			_, stdout, stderr := runBinary(t, "force-fail", "--plugin.url="+pluginURLs[0], "--plugin.token-file="+tokenFile,
+				"--rid="+rid, "--room="+strconv.FormatUint(room, 10), "--dry-run")
 			for _, secret := range []string{token, tc.fileToken} {
-				if strings.Contains(stdout.String()+stderr.String(), secret) {
-					t.Errorf("the force-fail command printed a token: %q %q", stdout.String(), stderr.String())
+				if strings.Contains(stdout+stderr, secret) {
+					t.Errorf("the force-fail command printed a token: %q %q", stdout, stderr)
 				}
 			}
 		})
@@ -150,230 +72,5 @@ func uintString(v uint64) string {
 		if v == 0 {
 			return string(b[i:])
 		}
-	}
-}
-
-// TestRemoteURLsNeedAllowRemote: every URL the watchdog is given (plugin
-// URLs, SGLang's /metrics; run, inflight and force-fail) must be loopback
-// unless --plugin.allow-remote, and the usual disguises of a remote host are
-// refused. Nothing here opens a connection.
-func TestRemoteURLsNeedAllowRemote(t *testing.T) {
-	loopbackOK := []string{
-		"http://127.0.0.1:30100", "http://127.0.0.2:1", "http://localhost:30100", "http://LOCALHOST:30100",
-		"http://[::1]:30100", "https://127.0.0.1:30100", "http://[::ffff:127.0.0.1]:30100",
-	}
-	remote := []string{
-		"http://10.0.0.7:30100", "http://192.0.2.1", "http://example.com:30100",
-		"http://localhost.example.com:30100", "http://127.0.0.1.nip.io:30100",
-		"http://127.0.0.1@192.0.2.1:30100",  // userinfo: the host is 192.0.2.1
-		"http://192.0.2.1#@127.0.0.1:30100", // fragment: the host is 192.0.2.1
-		"http://[::ffff:192.0.2.1]:30100",
-		"http://0.0.0.0:30100", "http://2130706433:30100", "http://0x7f000001:30100", "http://127.1:30100",
-	}
-	never := []string{"ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1:30100", "", "unix:///run/sglang.sock"}
-
-	for _, u := range loopbackOK {
-		if err := checkURLs(false, u); err != nil {
-			t.Errorf("loopback %q refused: %v", u, err)
-		}
-	}
-	for _, u := range remote {
-		if err := checkURLs(false, u); err == nil {
-			t.Errorf("remote %q accepted without --plugin.allow-remote", u)
-		}
-		if err := checkURLs(true, u); err != nil {
-			t.Errorf("remote %q refused with --plugin.allow-remote: %v", u, err)
-		}
-	}
-	for _, u := range never {
-		if err := checkURLs(false, u); err == nil {
-			t.Errorf("%q accepted", u)
-		}
-		if err := checkURLs(true, u); err == nil {
-			t.Errorf("%q accepted with --plugin.allow-remote", u)
-		}
-	}
-
-	// Wired into every command, for plugin and SGLang URLs alike.
-	for _, args := range [][]string{
-		{"--plugin.url=http://192.0.2.1:30100"},
-		{"--sglang.metrics-url=http://192.0.2.1:30000/metrics"},
-	} {
-		var o options
-		if _, err := newApp(&o).Parse(append([]string{"run"}, args...)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := watchdogConfig(&o, log.NewNopLogger()); err == nil || !strings.Contains(err.Error(), "allow-remote") {
-			t.Errorf("run %v: err = %v", args, err)
-		}
-		o.allowRemote = true
-		if _, err := watchdogConfig(&o, log.NewNopLogger()); err != nil {
-			t.Errorf("run %v --plugin.allow-remote: %v", args, err)
-		}
-	}
-	for _, args := range [][]string{
-		{"inflight", "--plugin.url=http://192.0.2.1:30100"},
-		{"force-fail", "--rid=x", "--plugin.url=http://192.0.2.1:30100"},
-	} {
-		var stdout, stderr bytes.Buffer
-		if code := run(args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "allow-remote") {
-			t.Errorf("%v: exit %d, %q", args, code, stderr.String())
-		}
-	}
-}
-
-// TestOwnEndpointsMutateNothing: with --alertmanager.webhook off, no method
-// on any path of the watchdog's own HTTP server changes anything: no admin
-// call, no mode change, no counter but the `disabled` webhook count. The
-// same firing alert does act once the webhook is enabled (the control).
-func TestOwnEndpointsMutateNothing(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	sim, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk, Seed: 4})
-	pin, _ := sim.Inject(0, sglangsim.PinResurrection)
-	wd, o := watchdogAndOptions(t, clk, "--sglang.metrics-url=", "--force-fail.mode=off",
-		"--web.listen-address=127.0.0.1:0", "--plugin.url="+pluginURLs[0])
-	for s := 1; s <= 70; s++ {
-		clk.Advance(time.Second)
-		time.Sleep(2 * time.Millisecond)
-		wd.RunCycle(context.Background())
-	}
-	if wd.Snapshot().Ranks[0].Stuck != 1 {
-		t.Fatal("setup: the pin is not stuck")
-	}
-	before := wd.Snapshot()
-
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.close()
-	alert := `{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"` + alertwebhook.AlertName + `","dp_rank":"0","pp_rank":"0"}}]}`
-	paths := []string{"/", "/metrics", "/-/healthy", "/-/ready", alertwebhook.Path, "/-/reload", "/-/quit",
-		"/admin/force_fail", "/debug/pprof/", "/api/v1/mode", "/metrics?mode=auto"}
-	methods := []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
-	disabled := 0
-	for _, p := range paths {
-		for _, m := range methods {
-			req := httptest.NewRequest(m, p, strings.NewReader(alert))
-			req.Header.Set("Content-Type", "application/json")
-			rec := httptest.NewRecorder()
-			srv.handler.ServeHTTP(rec, req)
-			if p == alertwebhook.Path {
-				disabled++
-				if rec.Code != http.StatusForbidden {
-					t.Errorf("%s %s with the webhook off: %d, want 403", m, p, rec.Code)
-				}
-			}
-			if strings.HasPrefix(p, "/debug/pprof") && rec.Code == http.StatusOK && strings.Contains(rec.Body.String(), "goroutine") {
-				t.Errorf("%s %s: profiling endpoints are served", m, p)
-			}
-		}
-	}
-	time.Sleep(100 * time.Millisecond)
-	after := wd.Snapshot()
-	if after.Mode != before.Mode {
-		t.Errorf("mode changed from %s to %s", before.Mode, after.Mode)
-	}
-	for k, v := range after.ForceFails {
-		if v != before.ForceFails[k] {
-			t.Errorf("force_fails_total%v changed: %d → %d", k, before.ForceFails[k], v)
-		}
-	}
-	for k, v := range after.Webhook {
-		want := before.Webhook[k]
-		if k == watchdog.WebhookDisabled {
-			want += uint64(disabled)
-		}
-		if v != want {
-			t.Errorf("webhook count %s = %d, want %d", k, v, want)
-		}
-	}
-	for _, r := range sim.Records() {
-		if !r.ForcedAt.IsZero() {
-			t.Errorf("an HTTP request to the watchdog force-failed %s", r.RID)
-		}
-	}
-
-	// Control: the same alert, webhook on (mode off still refuses; dry-run
-	// lets the alert act through the rails).
-	wd.SetMode(watchdog.ModeDryRun)
-	receiver := alertwebhook.New(wd, log.NewNopLogger())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go receiver.Run(ctx)
-	srv2, err := newServer(o, wd, receiver, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv2.close()
-	rec := httptest.NewRecorder()
-	srv2.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(alert)))
-	if rec.Code != http.StatusAccepted {
-		t.Fatalf("enabled webhook answered %d: %s", rec.Code, rec.Body.String())
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, r := range sim.Records() {
-			if r.RID == pin && !r.ForcedAt.IsZero() {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Error("control: the enabled webhook did not act, so the check above proves nothing")
-}
-
-// TestAllowRemoteStillValidatesURLs: --plugin.allow-remote lifts the
-// loopback rule, not the rule that a URL names a host. Today the remote
-// branch only checks the scheme prefix, so a URL without a host is
-// accepted and fails on every read instead of at start.
-func TestAllowRemoteStillValidatesURLs(t *testing.T) {
-	for _, u := range []string{"http://", "http://:30100", "https:///metrics", "http://exa mple.com"} {
-		if err := checkURLs(true, u); err == nil {
-			t.Errorf("%q accepted with --plugin.allow-remote", u)
-		}
-	}
-}
-
-// TestOwnServerDropsSlowClients: the watchdog's HTTP server bounds only the
-// time to read request headers (10 s). A client that sends the headers of a
-// POST and then trickles, or never sends, its body holds a connection and
-// a goroutine for as long as it likes (the webhook handler reads the body),
-// and so does a keep-alive connection left idle after a request: enough of
-// them exhaust file descriptors. The server should also bound the whole
-// request read and idle keep-alive time.
-func TestOwnServerDropsSlowClients(t *testing.T) {
-	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=", "--web.listen-address=127.0.0.1:0", "--alertmanager.webhook")
-	srv, err := newServer(o, wd, alertwebhook.New(wd, log.NewNopLogger()), log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go srv.serve(ctx, o.web, log.NewNopLogger())
-	addr := srv.listeners[0].Addr().String()
-
-	for _, tc := range []struct{ name, send string }{
-		{"stalled body", "POST " + alertwebhook.Path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"alerts\":["},
-		{"idle keep-alive", "GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			conn, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			if _, err := conn.Write([]byte(tc.send)); err != nil {
-				t.Fatal(err)
-			}
-			// Read whatever the server sends until it closes the
-			// connection, or give up after 45 s.
-			_ = conn.SetReadDeadline(time.Now().Add(45 * time.Second))
-			start := time.Now()
-			_, err = io.Copy(io.Discard, conn)
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				t.Errorf("the server still held the connection after %s", time.Since(start).Round(time.Second))
-			}
-		})
 	}
 }

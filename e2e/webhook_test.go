@@ -1,61 +1,79 @@
-package main
+package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/go-kit/log"
-
 	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
-	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
-// TestAlertWebhookReleasesThroughTheRails posts an Alertmanager
-// notification to the watchdog's own HTTP server: a firing stuck-request
-// alert force-fails the stuck request of its rank while the watchdog itself
-// stays in dry-run mode, counted under trigger "alert".
+// TestAlertWebhookReleasesThroughTheRails posts Alertmanager notifications
+// to the binary: without the webhook's token, and with an alert about
+// another pod, nothing happens and the refusals are counted; the firing
+// stuck-request alert about this pod, with the token, force-fails the
+// stuck request of its rank while the watchdog stays in dry-run mode,
+// counted under trigger "alert".
 func TestAlertWebhookReleasesThroughTheRails(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{Clock: clk, DPSize: 2})
+	sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, DPSize: 2, Seed: 5})
 	_, room := sim.Inject(1, sglangsim.PinResurrection)
+	const token = "am-hook-Tok_7c1e"
+	wd := startWatchdog(t, append([]string{"--sglang.metrics-url=" + metricsURL, "--sglang.metrics-interval=1s",
+		"--watchdog.interval=200ms", "--watchdog.deadline=2s", "--watchdog.stall-window=1s", "--force-fail.mode=dry-run",
+		"--alertmanager.webhook", "--alertmanager.webhook.token-file=" + tokenFile(t, token),
+		"--alertmanager.webhook.match-label=pod=sglang-prefill-0", "--alertmanager.webhook.match-label=namespace=llm"},
+		pluginArgs(pluginURLs)...)...)
 
-	port := freePort(t)
-	wd, o := watchdogAndOptions(t, clk, append([]string{"--alertmanager.webhook", "--sglang.metrics-url=" + metricsURL,
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", port)}, pluginArgs(pluginURLs)...)...)
-	receiver := alertwebhook.New(wd, log.NewNopLogger())
-	srv, err := newServer(o, wd, receiver, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
+	waitFor(t, "a dry-run call for the pin", 30*time.Second, func() bool {
+		return wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",trigger="auto"} 1`)
+	})
+	alert := func(pod string) string {
+		return fmt.Sprintf(`{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"%s","dp_rank":"1","pp_rank":"0","pod":"%s","namespace":"llm"}}]}`,
+			alertwebhook.AlertName, pod)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go receiver.Run(ctx)
-	go srv.serve(ctx, o.web, log.NewNopLogger())
+	post := func(auth, body string) int {
+		req, _ := http.NewRequest(http.MethodPost, wd.base+alertwebhook.Path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("", alert("sglang-prefill-0")); code != http.StatusUnauthorized {
+		t.Errorf("no token: %d, want 401", code)
+	}
+	if code := post("Bearer wrong", alert("sglang-prefill-0")); code != http.StatusUnauthorized {
+		t.Errorf("wrong token: %d, want 401", code)
+	}
+	if code := post("Bearer "+token, alert("sglang-prefill-1")); code != http.StatusForbidden {
+		t.Errorf("an alert about another pod: %d, want 403", code)
+	}
+	time.Sleep(time.Second)
+	for _, r := range sim.Records() {
+		if !r.ForcedAt.IsZero() {
+			t.Fatalf("a refused delivery force-failed %s", r.RID)
+		}
+	}
+	for _, line := range []string{`sglang_watchdog_alert_webhook_refusals_total{reason="unauthorized"} 2`,
+		`sglang_watchdog_alert_webhook_refusals_total{reason="foreign_target"} 1`} {
+		if !wd.has(t, line) {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
 
-	for s := 1; s <= 70; s++ {
-		step(clk, wd, s)
+	if code := post("Bearer "+token, alert("sglang-prefill-0")); code != http.StatusAccepted {
+		t.Fatalf("the alert about this pod: %d, want 202", code)
 	}
-	if got := wd.Snapshot().ForceFails[[2]string{watchdog.ResultWouldFlip, watchdog.TriggerAuto}]; got != 1 {
-		t.Fatalf("dry-run mode made %d would_flip calls, want 1", got)
-	}
-
-	body := `{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"1","pp_rank":"0"}}]}`
-	resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d%s", port, alertwebhook.Path), "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("webhook answered %d, want 202", resp.StatusCode)
-	}
-	waitFor(t, "the alert-triggered release", 10*time.Second, func() bool {
+	waitFor(t, "the alert-triggered release", 15*time.Second, func() bool {
 		for _, r := range sim.Records() {
 			if r.Room == room {
 				return r.Outcome == sglangsim.OutcomeFailedForced
@@ -63,46 +81,15 @@ func TestAlertWebhookReleasesThroughTheRails(t *testing.T) {
 		}
 		return false
 	})
-	for s := 71; s <= 90; s++ {
-		step(clk, wd, s)
-	}
-	snap := wd.Snapshot()
-	if got := snap.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAlert}]; got != 1 {
-		t.Fatalf("released under trigger alert = %d, want 1", got)
-	}
-	if snap.Mode != watchdog.ModeDryRun {
-		t.Fatalf("mode changed to %s", snap.Mode)
-	}
-}
-
-// TestWebhookDisabledMutatesNothing checks that without the flag the
-// endpoint refuses and counts the delivery.
-func TestWebhookDisabledMutatesNothing(t *testing.T) {
-	clk := clock.NewFake(time.Now())
-	sim, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk})
-	sim.Inject(0, sglangsim.PinResurrection)
-	wd, o := watchdogAndOptions(t, clk, append([]string{"--sglang.metrics-url=", "--force-fail.mode=off",
-		"--web.listen-address=127.0.0.1:0"}, pluginArgs(pluginURLs)...)...)
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.close()
-	for s := 1; s <= 70; s++ {
-		step(clk, wd, s)
-	}
-	req, _ := http.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"0","pp_rank":"0"}}]}`))
-	rec := httptest.NewRecorder()
-	srv.handler.ServeHTTP(rec, req)
-	if rec.Code != http.StatusForbidden {
-		t.Fatalf("disabled webhook answered %d", rec.Code)
+	waitFor(t, "the release confirmed under trigger alert", 20*time.Second, func() bool {
+		return wd.has(t, `sglang_watchdog_force_fails_total{result="released",trigger="alert"} 1`)
+	})
+	if !wd.has(t, `sglang_watchdog_force_fail_mode{mode="dry-run"} 1`) {
+		t.Error("the mode changed")
 	}
 	for _, r := range sim.Records() {
-		if !r.ForcedAt.IsZero() {
-			t.Fatalf("a disabled webhook force-failed %s", r.RID)
+		if r.ProgressingWhenForced {
+			t.Errorf("force-failed a progressing request: %+v", r)
 		}
-	}
-	if got := wd.Snapshot().Webhook[watchdog.WebhookDisabled]; got != 1 {
-		t.Fatalf("disabled deliveries counted %d, want 1", got)
 	}
 }
