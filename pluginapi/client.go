@@ -52,7 +52,7 @@ type ClientOptions struct {
 type Client struct {
 	base    string
 	http    *http.Client
-	adminRT *http.Client
+	adminHTTP *http.Client
 	token   string
 	maxBody int64
 	timeout time.Duration
@@ -79,7 +79,7 @@ func NewClient(baseURL string, opts ClientOptions) *Client {
 	return &Client{
 		base:    strings.TrimRight(baseURL, "/"),
 		http:    &http.Client{Transport: transport, CheckRedirect: noRedirect},
-		adminRT: &http.Client{Transport: adminTransport, CheckRedirect: noRedirect},
+		adminHTTP: &http.Client{Transport: adminTransport, CheckRedirect: noRedirect},
 		token:   opts.Token,
 		maxBody: maxBody,
 		timeout: opts.Timeout,
@@ -155,7 +155,7 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.adminRT.Do(req)
+	resp, err := c.adminHTTP.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("plugin %s%s: %w", c.base, PathForceFail, err)
 	}
