@@ -50,13 +50,13 @@ type ClientOptions struct {
 
 // Client talks to the plugin of one scheduler rank.
 type Client struct {
-	base    string
-	http    *http.Client
+	base      string
+	http      *http.Client
 	adminHTTP *http.Client
-	token   string
-	maxBody int64
-	timeout time.Duration
-	admin   time.Duration
+	token     string
+	maxBody   int64
+	timeout   time.Duration
+	admin     time.Duration
 }
 
 // NewClient returns a client for the plugin listening at baseURL
@@ -77,13 +77,13 @@ func NewClient(baseURL string, opts ClientOptions) *Client {
 	// A redirect could carry the bearer token to another host.
 	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &Client{
-		base:    strings.TrimRight(baseURL, "/"),
-		http:    &http.Client{Transport: transport, CheckRedirect: noRedirect},
+		base:      strings.TrimRight(baseURL, "/"),
+		http:      &http.Client{Transport: transport, CheckRedirect: noRedirect},
 		adminHTTP: &http.Client{Transport: adminTransport, CheckRedirect: noRedirect},
-		token:   opts.Token,
-		maxBody: maxBody,
-		timeout: opts.Timeout,
-		admin:   opts.AdminTimeout,
+		token:     opts.Token,
+		maxBody:   maxBody,
+		timeout:   opts.Timeout,
+		admin:     opts.AdminTimeout,
 	}
 }
 
