@@ -251,16 +251,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
-// readToken reads and checks a bearer token from a file. Tokens never come
-// from a flag value, so that they stay out of process listings and shell
-// history.
-func readToken(path string) (string, error) {
-	if path == "" {
-		return "", nil
-	}
-	return tokenfile.Read(path)
-}
-
 // pluginTransports returns the round trippers of listing reads (TLS only:
 // a listing needs no token) and of admin calls (TLS and the bearer token,
 // re-read from its file on every call, so that a rotated Secret needs no
@@ -295,9 +285,10 @@ func pluginTransports(tlsFile, tokenFile string) (listing, admin http.RoundTripp
 }
 
 // canonicalURL is the form under which two URLs of one endpoint compare
-// equal: scheme and host in lower case, IP addresses in their shortest
-// form (IPv6 without brackets' variations), the default port written out,
-// no trailing slash.
+// equal: scheme and host in lower case, IP addresses in one spelling
+// (::1 and 0:0:0:0:0:0:0:1, ::ffff:127.0.0.1 and 127.0.0.1), the port
+// written out (default ports included, no leading zeros), no trailing
+// slash.
 func canonicalURL(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
