@@ -3,16 +3,53 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"text/tabwriter"
+	"unicode"
 
+	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
+
+// maxTableRID caps a rid in the inflight table; --output=json has it whole.
+const maxTableRID = 64
+
+// healthCheckRIDPrefix starts the rid of SGLang's health checks.
+const healthCheckRIDPrefix = "HEALTH_CHECK"
+
+// fakeBootstrapHost is SGLang's FAKE_BOOTSTRAP_HOST, the bootstrap host of
+// health checks and warm-up requests.
+const fakeBootstrapHost = "2.2.2.2"
+
+// isHealthCheck tells SGLang's health checks and warm-up requests: the
+// plugin's flag, room 0, the fake bootstrap host, or the rid prefix
+// (warm-ups have the host and room but not the prefix).
+func isHealthCheck(r pluginapi.Room) bool {
+	host := r.BootstrapAddr
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return r.HealthCheck || r.BootstrapRoom == 0 || host == fakeBootstrapHost || strings.HasPrefix(r.RID, healthCheckRIDPrefix)
+}
+
+// safe makes text from a plugin fit for a terminal: anything that is not
+// printable (escape sequences, newlines, bidi controls) is escaped as Go
+// quotes it, the way logfmt does, so that it cannot move the cursor or
+// forge a row.
+func safe(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || r == '"' }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
+}
 
 // rankListing is one rank's answer for the inflight command.
 type rankListing struct {
@@ -45,16 +82,20 @@ func fetchListings(ctx context.Context, urls []string, opts pluginapi.ClientOpti
 // rank could not be read, so that scripts do not mistake a failure for an
 // empty queue.
 func runInflight(ctx context.Context, o *options, stdout, stderr io.Writer) int {
-	if err := checkURLs(o.allowRemote, o.pluginURLs...); err != nil {
+	listingRT, _, err := pluginTransports(o.pluginTLSFile, "")
+	if err == nil {
+		err = errors.Join(checkURLs(o.allowRemote, o.pluginURLs...), checkDistinct(o.pluginURLs), checkTimeout("--plugin.timeout", o.ffInflight))
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
 		return 2
 	}
-	results := fetchListings(ctx, o.pluginURLs, pluginapi.ClientOptions{Timeout: o.ffInflight})
+	results := fetchListings(ctx, o.pluginURLs, pluginapi.ClientOptions{Timeout: o.ffInflight, Transport: listingRT})
 	failed := false
 	for _, r := range results {
 		if r.Error != "" {
 			failed = true
-			fmt.Fprintf(stderr, "%s: %s\n", appName, r.Error)
+			fmt.Fprintf(stderr, "%s: %s\n", appName, safe(r.Error))
 		}
 	}
 	if o.output == "json" {
@@ -74,10 +115,14 @@ func runInflight(ctx context.Context, o *options, stdout, stderr io.Writer) int 
 }
 
 type tableRow struct {
-	rank string
-	room pluginapi.Room
+	rank        string
+	room        pluginapi.Room
+	healthCheck bool
 }
 
+// printInflightTable lists requests oldest first and health checks last,
+// marked: they are never force-failed, so they must not head the list an
+// operator picks from.
 func printInflightTable(w io.Writer, results []rankListing) {
 	var rows []tableRow
 	for _, r := range results {
@@ -86,53 +131,95 @@ func printInflightTable(w io.Writer, results []rankListing) {
 		}
 		rank := fmt.Sprintf("dp%d/pp%d", r.Listing.Server.DPRank, r.Listing.Server.PPRank)
 		for _, room := range r.Listing.Inflight {
-			rows = append(rows, tableRow{rank: rank, room: room})
+			rows = append(rows, tableRow{rank: rank, room: room, healthCheck: isHealthCheck(room)})
 		}
 	}
-	sort.SliceStable(rows, func(i, j int) bool { return rows[i].room.AgeSeconds > rows[j].room.AgeSeconds })
+	sort.SliceStable(rows, func(i, j int) bool {
+		if rows[i].healthCheck != rows[j].healthCheck {
+			return !rows[i].healthCheck
+		}
+		return rows[i].room.AgeSeconds > rows[j].room.AgeSeconds
+	})
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RANK\tAGE\tPOLL\tPROGRESS\tRID\tROOM\tHEALTH_CHECK\tSEND_FAILED")
+	fmt.Fprintln(tw, "RANK\tAGE\tPOLL\tPROGRESS\tKIND\tRID\tROOM\tSEND_FAILED")
+	cut, checks := 0, 0
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%.1fs\t%s\t%d\t%s\t%d\t%t\t%t\n", r.rank, r.room.AgeSeconds, r.room.Poll, r.room.Progress,
-			r.room.RID, r.room.BootstrapRoom, r.room.HealthCheck, r.room.SendFailed)
+		kind := "request"
+		if r.healthCheck {
+			kind = "HEALTH_CHECK"
+			checks++
+		}
+		rid := r.room.RID
+		if len(rid) > maxTableRID {
+			rid = logging.Truncate(rid, maxTableRID)
+			cut++
+		}
+		fmt.Fprintf(tw, "%s\t%.1fs\t%s\t%d\t%s\t%s\t%d\t%t\n", r.rank, r.room.AgeSeconds, safe(r.room.Poll), r.room.Progress,
+			kind, safe(rid), r.room.BootstrapRoom, r.room.SendFailed)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "%d inflight request(s) on %d rank(s)\n", len(rows), len(results))
+	if checks > 0 {
+		fmt.Fprintf(w, "%d HEALTH_CHECK row(s): SGLang's own health checks and warm-ups, listed last; they are never force-failed.\n", checks)
+	}
+	if cut > 0 {
+		fmt.Fprintf(w, "%d rid(s) longer than %d bytes are cut here; --output=json prints them whole.\n", cut, maxTableRID)
+	}
 }
 
 // runForceFail makes one admin call. It exits 0 only if the lever was set,
 // or with --dry-run would have been.
 func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int {
-	if err := checkURLs(o.ffRemote, o.oneURL); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
+	usage := func(format string, args ...interface{}) int {
+		fmt.Fprintf(stderr, "%s: %s\n", appName, fmt.Sprintf(format, args...))
 		return 2
 	}
-	token, err := readToken(o.ffToken)
+	if err := errors.Join(checkURLs(o.ffRemote, o.oneURL), checkAdminTimeout("--force-fail.timeout", o.ffTimeout)); err != nil {
+		return usage("%v", err)
+	}
+	listingRT, adminRT, err := pluginTransports(o.pluginTLSFile, o.ffToken)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
-		return 2
+		return usage("%v", err)
 	}
 	order := pluginapi.ForceFailRequest{RID: o.rid, Reason: o.reason, DryRun: o.dryRun}
+	if strings.HasPrefix(o.rid, healthCheckRIDPrefix) {
+		return usage("--rid %s is one of SGLang's health checks; they are never force-failed", safe(o.rid))
+	}
 	if o.room != "" {
 		room, err := strconv.ParseUint(o.room, 10, 64)
 		if err != nil {
-			fmt.Fprintf(stderr, "%s: --room %q is not a 64-bit unsigned integer\n", appName, o.room)
-			return 2
+			return usage("--room %s is not a 64-bit unsigned integer", safe(o.room))
+		}
+		if room == 0 {
+			return usage("--room 0 is the room of SGLang's health checks and warm-ups; they are never force-failed")
 		}
 		order.BootstrapRoom = &room
 	}
-	client := pluginapi.NewClient(o.oneURL, pluginapi.ClientOptions{AdminTimeout: o.ffTimeout, Token: token})
+	client := pluginapi.NewClient(o.oneURL, pluginapi.ClientOptions{Timeout: o.ffTimeout, AdminTimeout: o.ffTimeout,
+		Transport: listingRT, AdminTransport: adminRT})
+	// A warm-up has neither the rid prefix nor, unless given, a room: look
+	// it up first. The plugin refuses health checks too (409); this keeps
+	// an older plugin from acting on one.
+	if l, err := client.Inflight(ctx); err == nil {
+		for _, r := range l.Inflight {
+			if r.RID == o.rid && isHealthCheck(r) {
+				fmt.Fprintf(stderr, "%s: refused: %s is a health check or warm-up of SGLang (room %d, bootstrap %s); they are never force-failed\n",
+					appName, safe(o.rid), r.BootstrapRoom, safe(r.BootstrapAddr))
+				return 1
+			}
+		}
+	}
 	status, resp, err := client.ForceFail(ctx, order)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: force-fail failed: %v\n", appName, err)
+		fmt.Fprintf(stderr, "%s: force-fail failed: %s\n", appName, safe(err.Error()))
 		return 1
 	}
-	fmt.Fprintf(stdout, "result=%s http_status=%d rid=%s", resp.Result, status, o.rid)
+	fmt.Fprintf(stdout, "result=%s http_status=%d rid=%s", safe(resp.Result), status, safe(o.rid))
 	if resp.BootstrapRoom != nil {
 		fmt.Fprintf(stdout, " room=%d", *resp.BootstrapRoom)
 	}
 	if resp.Lever != "" {
-		fmt.Fprintf(stdout, " lever=%s", resp.Lever)
+		fmt.Fprintf(stdout, " lever=%s", safe(resp.Lever))
 	}
 	if resp.Error != "" {
 		fmt.Fprintf(stdout, " error=%q", resp.Error)

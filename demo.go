@@ -127,6 +127,8 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 	listen := []string{d.listen}
 	o.web = &web.FlagConfig{WebListenAddresses: &listen, WebSystemdSocket: new(bool), WebConfigFile: new(string)}
 	o.telemetryPath = "/metrics"
+	// The liveness limit of /-/healthy follows these.
+	o.watch.interval, o.watch.adminTimeout = cfg.Interval, 7*time.Second
 	srv, err := newServer(o, wd, nil, logger)
 	if err != nil {
 		fmt.Fprintf(stdout, "watchdog: %v\n", err)

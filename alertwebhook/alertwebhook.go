@@ -2,22 +2,60 @@
 // a firing stuck-request alert force-fail the stuck requests of the rank it
 // names. It adds no rail of its own: the watchdog's actuator applies the same
 // rails as in auto mode, and counts the calls under trigger "alert".
+//
+// The endpoint turns a dry run into real force-fails, so it has its own
+// credential (a bearer token read from a file on every delivery), and it
+// acts only on alerts whose labels name this watchdog (Options.Match): an
+// alert about another pod, delivered here by mistake or forged, is refused
+// and counted.
 package alertwebhook
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sglang-watchdog/sglang-watchdog/tokenfile"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
+
+// Refusal reasons, the reason label of
+// sglang_watchdog_alert_webhook_refusals_total.
+const (
+	// RefusedUnauthorized: a delivery without the webhook's bearer token
+	// (or with a wrong one). Not counted in alert_webhook_requests_total.
+	RefusedUnauthorized = "unauthorized"
+	// RefusedForeignTarget: one firing stuck-request alert whose labels do
+	// not name this watchdog (Options.Match), counted per alert.
+	RefusedForeignTarget = "foreign_target"
+)
+
+// RefusalReasons lists every refusal reason.
+var RefusalReasons = []string{RefusedUnauthorized, RefusedForeignTarget}
+
+// Options configure a Receiver.
+type Options struct {
+	// TokenFile holds the bearer token Alertmanager must present. It is
+	// read on every delivery, so a rotated Secret needs no restart.
+	// Required.
+	TokenFile string
+	// Match names this watchdog: an alert is acted on only if it carries
+	// every one of these labels with exactly this value (for example
+	// pod=<pod name>, namespace=<namespace>). At least one is required.
+	Match map[string]string
+}
 
 // Path is where the receiver listens.
 const Path = "/alertmanager/webhook"
@@ -55,11 +93,85 @@ type Receiver struct {
 	trigger Trigger
 	logger  log.Logger
 	queue   chan rank
+	opts    Options
+
+	mu       sync.Mutex
+	refusals map[string]uint64
+	refusedD *prometheus.Desc
 }
 
-// New returns a receiver; Run must be started for triggers to act.
-func New(t Trigger, logger log.Logger) *Receiver {
-	return &Receiver{trigger: t, logger: logger, queue: make(chan rank, 64)}
+// New returns a receiver; Run must be started for triggers to act. It
+// refuses options without a token file or without a label to match.
+func New(t Trigger, logger log.Logger, opts Options) (*Receiver, error) {
+	if opts.TokenFile == "" {
+		return nil, errors.New("the Alertmanager webhook needs a bearer token file")
+	}
+	if len(opts.Match) == 0 {
+		return nil, errors.New("the Alertmanager webhook needs at least one label that names this watchdog (for example pod=<pod name>)")
+	}
+	for k, v := range opts.Match {
+		if k == "" || v == "" {
+			return nil, fmt.Errorf("webhook match label %q=%q: name and value must not be empty", k, v)
+		}
+	}
+	if _, err := tokenfile.Read(opts.TokenFile); err != nil {
+		return nil, fmt.Errorf("webhook token: %w", err)
+	}
+	return &Receiver{
+		trigger: t, logger: logger, queue: make(chan rank, 64), opts: opts,
+		refusals: map[string]uint64{},
+		refusedD: prometheus.NewDesc("sglang_watchdog_alert_webhook_refusals_total",
+			"Alertmanager webhook refusals: deliveries without the webhook's bearer token (unauthorized), and firing stuck-request alerts whose labels name another watchdog (foreign_target, one per alert).",
+			[]string{"reason"}, nil),
+	}, nil
+}
+
+// Describe implements prometheus.Collector.
+func (r *Receiver) Describe(ch chan<- *prometheus.Desc) { ch <- r.refusedD }
+
+// Collect implements prometheus.Collector.
+func (r *Receiver) Collect(ch chan<- prometheus.Metric) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, reason := range RefusalReasons {
+		ch <- prometheus.MustNewConstMetric(r.refusedD, prometheus.CounterValue, float64(r.refusals[reason]), reason)
+	}
+}
+
+func (r *Receiver) refuse(reason string, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refusals[reason] += uint64(n)
+}
+
+// authorized checks the bearer token against the file, read now.
+func (r *Receiver) authorized(req *http.Request) (bool, error) {
+	want, err := tokenfile.Read(r.opts.TokenFile)
+	if err != nil {
+		return false, err
+	}
+	got, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1, nil
+}
+
+// ours reports whether labels name this watchdog.
+func (r *Receiver) ours(labels map[string]string) bool {
+	for k, v := range r.opts.Match {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// identity is the part of labels that Match looks at, for logs.
+func (r *Receiver) identity(labels map[string]string) []string {
+	var out []string
+	for k := range r.opts.Match {
+		out = append(out, k+"="+strconv.Quote(labels[k]))
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Run works through queued triggers until ctx ends.
@@ -80,13 +192,16 @@ func (r *Receiver) Run(ctx context.Context) {
 }
 
 type answer struct {
-	Result string   `json:"result"`
-	Ranks  []string `json:"queued_ranks,omitempty"`
-	Error  string   `json:"error,omitempty"`
+	Result  string   `json:"result"`
+	Ranks   []string `json:"queued_ranks,omitempty"`
+	Foreign int      `json:"refused_alerts,omitempty"`
+	Error   string   `json:"error,omitempty"`
 }
 
 func (r *Receiver) reply(w http.ResponseWriter, status int, a answer) {
-	r.trigger.CountWebhook(a.Result)
+	if a.Result != RefusedUnauthorized {
+		r.trigger.CountWebhook(a.Result)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(a)
@@ -99,10 +214,50 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.reply(w, http.StatusMethodNotAllowed, answer{Result: watchdog.WebhookBadRequest, Error: "use POST"})
 		return
 	}
-	ranks, err := parse(io.LimitReader(req.Body, maxBody+1))
+	ok, err := r.authorized(req)
+	if err != nil {
+		// Our own token file is unusable (a bad rotation): nothing can be
+		// authenticated until it is fixed. 503 makes Alertmanager retry.
+		level.Error(r.logger).Log("msg", "Alertmanager webhook refused: the webhook's token file is unusable", "err", err)
+		r.refuse(RefusedUnauthorized, 1)
+		r.reply(w, http.StatusServiceUnavailable, answer{Result: RefusedUnauthorized, Error: "the watchdog cannot read its webhook token"})
+		return
+	}
+	if !ok {
+		level.Warn(r.logger).Log("msg", "Alertmanager webhook refused: missing or wrong bearer token", "remote", req.RemoteAddr)
+		r.refuse(RefusedUnauthorized, 1)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sglang-watchdog alertmanager webhook"`)
+		r.reply(w, http.StatusUnauthorized, answer{Result: RefusedUnauthorized, Error: "missing or wrong bearer token"})
+		return
+	}
+	alerts, err := parse(io.LimitReader(req.Body, maxBody+1))
 	if err != nil {
 		level.Warn(r.logger).Log("msg", "unusable Alertmanager webhook payload", "remote", req.RemoteAddr, "err", err)
 		r.reply(w, http.StatusBadRequest, answer{Result: watchdog.WebhookBadRequest, Error: err.Error()})
+		return
+	}
+	seen := map[rank]bool{}
+	var ranks []rank
+	foreign := 0
+	for _, a := range alerts {
+		if !r.ours(a.labels) {
+			foreign++
+			level.Warn(r.logger).Log("msg", "Alertmanager webhook: refused an alert about another watchdog", "dp_rank", a.rank.dp, "pp_rank", a.rank.pp,
+				"alert_labels", strings.Join(r.identity(a.labels), ","), "want", strings.Join(r.identity(r.opts.Match), ","))
+			continue
+		}
+		if !seen[a.rank] {
+			seen[a.rank] = true
+			ranks = append(ranks, a.rank)
+		}
+	}
+	if foreign > 0 {
+		r.refuse(RefusedForeignTarget, foreign)
+	}
+	if len(ranks) == 0 && foreign > 0 {
+		// 403: Alertmanager does not retry a 4xx, and a retry would not help.
+		r.reply(w, http.StatusForbidden, answer{Result: watchdog.WebhookIgnored, Foreign: foreign,
+			Error: "no alert names this watchdog (" + strings.Join(r.identity(r.opts.Match), ",") + ")"})
 		return
 	}
 	if len(ranks) == 0 {
@@ -119,12 +274,18 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	r.reply(w, http.StatusAccepted, answer{Result: watchdog.WebhookAccepted, Ranks: queued})
+	r.reply(w, http.StatusAccepted, answer{Result: watchdog.WebhookAccepted, Ranks: queued, Foreign: foreign})
 }
 
-// parse returns the ranks of the firing stuck-request alerts. Every error
-// names the alert index and the field.
-func parse(body io.Reader) ([]rank, error) {
+// stuckAlert is one firing stuck-request alert.
+type stuckAlert struct {
+	rank   rank
+	labels map[string]string
+}
+
+// parse returns the firing stuck-request alerts. Every error names the
+// alert index and the field.
+func parse(body io.Reader) ([]stuckAlert, error) {
 	b, err := io.ReadAll(body)
 	if err != nil {
 		return nil, fmt.Errorf("reading body: %w", err)
@@ -139,8 +300,7 @@ func parse(body io.Reader) ([]rank, error) {
 	if m.Alerts == nil {
 		return nil, errors.New("message has no alerts array")
 	}
-	seen := map[rank]bool{}
-	var out []rank
+	var out []stuckAlert
 	for i, a := range m.Alerts {
 		if a.Labels["alertname"] != AlertName || a.Status != "firing" {
 			continue
@@ -153,11 +313,7 @@ func parse(body io.Reader) ([]rank, error) {
 		if err != nil {
 			return nil, fmt.Errorf("alerts[%d] (%s): %w", i, AlertName, err)
 		}
-		rk := rank{dp, pp}
-		if !seen[rk] {
-			seen[rk] = true
-			out = append(out, rk)
-		}
+		out = append(out, stuckAlert{rank: rank{dp, pp}, labels: a.Labels})
 	}
 	return out, nil
 }

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/go-kit/log"
-
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
@@ -39,7 +37,7 @@ func (h *hardTrigger) CountWebhook(result string) {
 }
 
 func hardFiring(labels string) string {
-	return `{"status":"firing","labels":{"alertname":"` + AlertName + `"` + labels + `}}`
+	return `{"status":"firing","labels":{"alertname":"` + AlertName + `","pod":"prefill-0"` + labels + `}}`
 }
 
 func hardMessage(alerts ...string) string {
@@ -52,9 +50,11 @@ func hardMessage(alerts ...string) string {
 func hardPost(t *testing.T, method, body string) (*httptest.ResponseRecorder, *hardTrigger, *Receiver) {
 	t.Helper()
 	trig := &hardTrigger{}
-	r := New(trig, log.NewNopLogger())
+	r := testReceiver(t, trig)
 	rec := httptest.NewRecorder()
-	r.ServeHTTP(rec, httptest.NewRequest(method, Path, strings.NewReader(body)))
+	req := httptest.NewRequest(method, Path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	r.ServeHTTP(rec, req)
 	return rec, trig, r
 }
 

@@ -3,14 +3,15 @@ package alertwebhook
 import (
 	"context"
 	"encoding/json"
+	"github.com/go-kit/log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/go-kit/log"
 
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
@@ -41,15 +42,17 @@ func (f *fakeTrigger) CountWebhook(result string) {
 }
 
 const firing = `{"version":"4","status":"firing","alerts":[
- {"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"1","pp_rank":"0","severity":"critical"}},
- {"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"1","pp_rank":"0","instance":"b"}},
+ {"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"1","pp_rank":"0","severity":"critical","pod":"prefill-0"}},
+ {"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"1","pp_rank":"0","instance":"b","pod":"prefill-0"}},
  {"status":"resolved","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"2","pp_rank":"0"}},
  {"status":"firing","labels":{"alertname":"SGLangWatchdogSchedulerWedged","dp_rank":"3","pp_rank":"0"}}]}`
 
 func post(t *testing.T, h http.Handler, body string) (*httptest.ResponseRecorder, answer) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, Path, strings.NewReader(body)))
+	req := httptest.NewRequest(http.MethodPost, Path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	h.ServeHTTP(rec, req)
 	var a answer
 	if err := json.Unmarshal(rec.Body.Bytes(), &a); err != nil {
 		t.Fatalf("answer is not JSON: %q", rec.Body.String())
@@ -59,7 +62,7 @@ func post(t *testing.T, h http.Handler, body string) (*httptest.ResponseRecorder
 
 func TestFiringStuckAlertTriggersItsRankOnce(t *testing.T) {
 	trig := newFakeTrigger()
-	r := New(trig, log.NewNopLogger())
+	r := testReceiver(t, trig)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go r.Run(ctx)
@@ -85,14 +88,14 @@ func TestFiringStuckAlertTriggersItsRankOnce(t *testing.T) {
 
 func TestUnusablePayloadsAreRefusedClearly(t *testing.T) {
 	trig := newFakeTrigger()
-	r := New(trig, log.NewNopLogger())
+	r := testReceiver(t, trig)
 	for _, tc := range []struct {
 		body, want string
 	}{
 		{`not json`, "not an Alertmanager webhook message"},
 		{`{"status":"firing"}`, "no alerts array"},
-		{`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","pp_rank":"0"}}]}`, "alerts[0] (SGLangWatchdogRequestStuck): label dp_rank is missing"},
-		{`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"x","pp_rank":"0"}}]}`, `label dp_rank="x" is not a rank number`},
+		{`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","pp_rank":"0","pod":"prefill-0"}}]}`, "alerts[0] (SGLangWatchdogRequestStuck): label dp_rank is missing"},
+		{`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"x","pp_rank":"0","pod":"prefill-0"}}]}`, `label dp_rank="x" is not a rank number`},
 		{`{"alerts":[` + strings.Repeat(" ", maxBody) + `]}`, "body exceeds"},
 	} {
 		rec, a := post(t, r, tc.body)
@@ -107,7 +110,7 @@ func TestUnusablePayloadsAreRefusedClearly(t *testing.T) {
 
 func TestNothingToDoIsIgnoredAndGetIsRefused(t *testing.T) {
 	trig := newFakeTrigger()
-	r := New(trig, log.NewNopLogger())
+	r := testReceiver(t, trig)
 	rec, a := post(t, r, `{"alerts":[{"status":"firing","labels":{"alertname":"Other"}}]}`)
 	if rec.Code != http.StatusOK || a.Result != watchdog.WebhookIgnored {
 		t.Fatalf("%d %+v, want 200 ignored", rec.Code, a)
@@ -117,4 +120,25 @@ func TestNothingToDoIsIgnoredAndGetIsRefused(t *testing.T) {
 	if rec.Code != http.StatusMethodNotAllowed {
 		t.Fatalf("GET answered %d", rec.Code)
 	}
+}
+
+const testToken = "am-webhook-Tok_42"
+
+// testReceiver is a receiver for the pod prefill-0 with a token file.
+func testReceiver(t *testing.T, trig Trigger) *Receiver {
+	t.Helper()
+	r, err := New(trig, log.NewNopLogger(), Options{TokenFile: writeToken(t, testToken), Match: map[string]string{"pod": "prefill-0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func writeToken(t *testing.T, tok string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "webhook-token")
+	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -39,18 +39,24 @@ type ClientOptions struct {
 	Token string
 	// MaxBodyBytes caps a response body; zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// Transport overrides the HTTP transport (tests).
+	// Transport overrides the HTTP transport of listing reads, and of admin
+	// calls unless AdminTransport is set.
 	Transport http.RoundTripper
+	// AdminTransport, if set, carries admin calls. It may add the
+	// Authorization header itself (a token file re-read on every call);
+	// listing reads never go through it.
+	AdminTransport http.RoundTripper
 }
 
 // Client talks to the plugin of one scheduler rank.
 type Client struct {
-	base    string
-	http    *http.Client
-	token   string
-	maxBody int64
-	timeout time.Duration
-	admin   time.Duration
+	base      string
+	http      *http.Client
+	adminHTTP *http.Client
+	token     string
+	maxBody   int64
+	timeout   time.Duration
+	admin     time.Duration
 }
 
 // NewClient returns a client for the plugin listening at baseURL
@@ -64,17 +70,20 @@ func NewClient(baseURL string, opts ClientOptions) *Client {
 	if transport == nil {
 		transport = directTransport
 	}
+	adminTransport := opts.AdminTransport
+	if adminTransport == nil {
+		adminTransport = transport
+	}
+	// A redirect could carry the bearer token to another host.
+	noRedirect := func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return &Client{
-		base: strings.TrimRight(baseURL, "/"),
-		http: &http.Client{
-			Transport: transport,
-			// A redirect could carry the bearer token to another host.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
-		token:   opts.Token,
-		maxBody: maxBody,
-		timeout: opts.Timeout,
-		admin:   opts.AdminTimeout,
+		base:      strings.TrimRight(baseURL, "/"),
+		http:      &http.Client{Transport: transport, CheckRedirect: noRedirect},
+		adminHTTP: &http.Client{Transport: adminTransport, CheckRedirect: noRedirect},
+		token:     opts.Token,
+		maxBody:   maxBody,
+		timeout:   opts.Timeout,
+		admin:     opts.AdminTimeout,
 	}
 }
 
@@ -146,7 +155,7 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.adminHTTP.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("plugin %s%s: %w", c.base, PathForceFail, err)
 	}
@@ -157,13 +166,27 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 	}
 	var out ForceFailResponse
 	if err := json.Unmarshal(body, &out); err != nil || out.Result == "" {
-		if c.token != "" {
-			// Something in between may echo the request's headers.
-			body = bytes.ReplaceAll(body, []byte(c.token), []byte("[REDACTED]"))
+		// Something in between may echo the request's headers. The
+		// transport may have set the token itself: take it from the
+		// request that was sent.
+		for _, secret := range []string{c.token, sentCredentials(resp)} {
+			if secret != "" {
+				body = bytes.ReplaceAll(body, []byte(secret), []byte("[REDACTED]"))
+			}
 		}
 		return resp.StatusCode, nil, fmt.Errorf("plugin %s%s: HTTP %d with an unusable body: %s", c.base, PathForceFail, resp.StatusCode, snippet(body))
 	}
 	return resp.StatusCode, &out, nil
+}
+
+// sentCredentials returns the credentials of the Authorization header of
+// the request that produced resp, as the transport sent it.
+func sentCredentials(resp *http.Response) string {
+	if resp.Request == nil {
+		return ""
+	}
+	_, cred, _ := strings.Cut(resp.Request.Header.Get("Authorization"), " ")
+	return strings.TrimSpace(cred)
 }
 
 // wireListing mirrors Listing with a pointer for the parts whose absence

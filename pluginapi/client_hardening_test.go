@@ -208,3 +208,40 @@ func TestBodyLimits(t *testing.T) {
 		t.Errorf("a listing of exactly MaxBodyBytes was refused: %v", err)
 	}
 }
+
+// bearerTransport sets the Authorization header itself, as the watchdog's
+// token-file transport does, so the client never sees the token.
+type bearerTransport struct{ token string }
+
+func (b bearerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("Authorization", "Bearer "+b.token)
+	return directTransport.RoundTrip(req)
+}
+
+// TestErrorsNeverCarryATransportsToken: when the admin transport adds the
+// token (a token file re-read on every call), an echoed header is still
+// redacted, and listing reads do not go through that transport.
+func TestErrorsNeverCarryATransportsToken(t *testing.T) {
+	var listingAuth []string
+	srv := newHardRecorder(t, func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == PathInflight {
+			listingAuth = append(listingAuth, req.Header.Get("Authorization"))
+			fmt.Fprint(w, `{"api_version":1,"server":{},"loop":{"iterations":1},"queues":{},"inflight":[]}`)
+			return
+		}
+		w.WriteHeader(http.StatusBadGateway)
+		fmt.Fprintf(w, "<html>upstream error; request headers: Authorization: %s</html>", req.Header.Get("Authorization"))
+	})
+	c := NewClient(srv.URL, ClientOptions{Timeout: time.Second, AdminTimeout: time.Second, AdminTransport: bearerTransport{hardToken}})
+	if _, err := c.Inflight(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := c.ForceFail(context.Background(), hardOrder())
+	if err == nil || !strings.Contains(err.Error(), "[REDACTED]") || strings.Contains(err.Error(), hardToken) {
+		t.Errorf("err = %v, want the echoed token redacted", err)
+	}
+	if len(listingAuth) != 1 || listingAuth[0] != "" {
+		t.Errorf("listing reads carried Authorization %q", listingAuth)
+	}
+}

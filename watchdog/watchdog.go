@@ -82,6 +82,7 @@ type Watchdog struct {
 	skips      map[string]uint64
 	webhook    map[string]uint64
 	lastCycle  time.Duration
+	lastEnd    time.Time // when the last cycle ended, for liveness
 
 	act       sync.Mutex  // serialises actuation, the only outward effect
 	callTimes []time.Time // admin calls in the last minute, for the rate limit
@@ -323,8 +324,17 @@ func (w *Watchdog) RunCycle(ctx context.Context) {
 	w.actuate(ctx, candidates, TriggerAuto, false, start.Add(w.cfg.Interval))
 
 	w.mu.Lock()
-	w.lastCycle = w.clock.Now().Sub(start)
+	w.lastEnd = w.clock.Now()
+	w.lastCycle = w.lastEnd.Sub(start)
 	w.mu.Unlock()
+}
+
+// LastCycleEnd is when the last watch cycle ended, zero before the first.
+// The liveness endpoint reads it to tell a loop that stopped cycling.
+func (w *Watchdog) LastCycleEnd() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lastEnd
 }
 
 // observeListing folds one rank's listing into state and refreshes the

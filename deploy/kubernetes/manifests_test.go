@@ -310,6 +310,12 @@ func TestSidecarIsNativeAndLockedDown(t *testing.T) {
 				t.Errorf("%s: --web.listen-address=%s does not serve the metrics port %d", name, listen, port.ContainerPort)
 			}
 
+			probes, ok := namedPort(c, "probes")
+			if !ok {
+				t.Errorf("%s: sidecar needs the named port probes", name)
+			} else if got := oneFlag(t, name, c.Args, "web.probe-listen-address"); !strings.HasSuffix(got, ":"+strconv.Itoa(int(probes.ContainerPort))) {
+				t.Errorf("%s: --web.probe-listen-address=%s does not serve the probes port %d", name, got, probes.ContainerPort)
+			}
 			checkProbes(t, name, c)
 		}
 	}
@@ -325,8 +331,9 @@ func checkProbes(t *testing.T, name string, c corev1.Container) {
 		if p.HTTPGet.Path != "/-/healthy" {
 			t.Errorf("%s: sidecar %s on %q, want /-/healthy", name, kind, p.HTTPGet.Path)
 		}
-		if p.HTTPGet.Port.String() != "metrics" {
-			t.Errorf("%s: sidecar %s on port %q, want the named port metrics", name, kind, p.HTTPGet.Port.String())
+		// The probe listener: --web.config.file must not turn probes into 401s.
+		if p.HTTPGet.Port.String() != "probes" {
+			t.Errorf("%s: sidecar %s on port %q, want the named port probes", name, kind, p.HTTPGet.Port.String())
 		}
 	}
 	// A native sidecar's readiness counts toward Pod Ready: the watchdog must

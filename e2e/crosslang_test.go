@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -34,7 +33,7 @@ func startStandin(t *testing.T, backend, tokenFile string) (string, string) {
 	if err != nil {
 		t.Fatal("python3 not found: install the Debian package python3 (scripts/deps.sh does)")
 	}
-	cmd := exec.Command(python, filepath.Join("sglang_plugin", "tests", "standin_server.py"),
+	cmd := exec.Command(python, filepath.Join(repoRoot, "sglang_plugin", "tests", "standin_server.py"),
 		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile, "--scenario", "parity")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -81,15 +80,6 @@ func startStandin(t *testing.T, backend, tokenFile string) (string, string) {
 	return fmt.Sprintf("http://127.0.0.1:%d", pluginPort), fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
 }
 
-func tokenFile(t *testing.T, token string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(p, []byte(token+"\n"), 0o400); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // TestPythonPluginWithTheWatchdog runs the Go client and the watchdog
 // against the real plugin code: list, force-fail the pinned request,
 // confirm its release through SGLang's transfer-failed counter, and leave
@@ -108,24 +98,16 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 				t.Fatalf("listing %+v", l)
 			}
 
-			wd := watchdogFromArgs(t, clock.Real{}, "--plugin.url="+pluginURL, "--plugin.token-file="+tok,
+			wd := startWatchdog(t, "--plugin.url="+pluginURL, "--plugin.token-file="+tok,
 				"--sglang.metrics-url="+metricsURL, "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
 				"--watchdog.stall-window=2s", "--force-fail.mode=auto")
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go wd.Run(ctx)
-			defer func() {
-				if t.Failed() {
-					s := wd.Snapshot()
-					t.Logf("watchdog sources %+v, force-fails %v, skips %v", s.Sources, s.ForceFails, s.Skips)
-				}
-			}()
 			// Generous: the Python scheduler loop shares two cores with the
 			// rest of the test suite.
 			waitFor(t, "the pinned request released and confirmed", 90*time.Second, func() bool {
-				return wd.Snapshot().ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] == 1
+				return wd.has(t, `sglang_watchdog_force_fails_total{result="released",trigger="auto"} 1`)
 			})
-			cancel()
+			exposition := wd.metrics(t)
+			wd.stop()
 
 			l, err = pluginapi.NewClient(pluginURL, pluginapi.ClientOptions{Timeout: 2 * time.Second}).Inflight(context.Background())
 			if err != nil {
@@ -138,10 +120,10 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			if !reflect.DeepEqual(left, []string{"healthy-0002", "HEALTH_CHECK_1764403200.0"}) {
 				t.Fatalf("inflight after the release: %v, want the progressing request and the health check", left)
 			}
-			s := wd.Snapshot()
 			for _, r := range watchdog.Results {
-				if n := s.ForceFails[[2]string{r, watchdog.TriggerAuto}]; r != watchdog.ResultReleased && n != 0 {
-					t.Errorf("%d force-fails ended %s", n, r)
+				line := fmt.Sprintf(`sglang_watchdog_force_fails_total{result="%s",trigger="auto"} 0`, r)
+				if r != watchdog.ResultReleased && !strings.Contains(exposition, line) {
+					t.Errorf("/metrics lacks %s", line)
 				}
 			}
 		})

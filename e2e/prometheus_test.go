@@ -1,11 +1,9 @@
-package main
+package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,24 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-kit/log"
-
 	"github.com/sglang-watchdog/sglang-watchdog/alerts"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/dashboards"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
-	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 func requireBinary(t *testing.T, name, pkg string) string {
 	t.Helper()
@@ -68,25 +53,6 @@ func startProcess(t *testing.T, logName string, bin string, args ...string) {
 		}
 		logFile.Close()
 	})
-}
-
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
-	}
-	return string(b)
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if ok() {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %s waiting for %s", timeout, what)
 }
 
 // webhookSink is Alertmanager's webhook receiver inside the test.
@@ -150,12 +116,16 @@ func promQuery(promURL, expr string) (int, error) {
 	return len(r.Data.Result), nil
 }
 
-// TestPrometheusAlertmanagerEndToEnd proves the alerts and the dashboard
+// TestPrometheusAlertmanagerEndToEnd proves the alerts, the dashboard and
+// the shipped Alertmanager route (deploy/alertmanager/webhook-route.yml)
 // against the real Debian Prometheus and Alertmanager: a pinned request in
-// the simulator, the watchdog in dry-run mode, Prometheus scraping both every
-// second with the rules loaded, Alertmanager delivering to a webhook here.
-// The stuck-request alert arrives with the rank's labels, every dashboard
-// query returns data, and after a switch to auto mode the alert resolves.
+// the simulator, the watchdog binary in dry-run mode with its webhook on,
+// Prometheus scraping both every second with the rules loaded (the target
+// labelled with pod and namespace, as a PodMonitor does), Alertmanager
+// delivering to a sink here and, through the shipped route with its bearer
+// token, to the watchdog. The stuck-request alert arrives with the rank's
+// labels, the watchdog force-fails the pin under trigger "alert" while in
+// dry-run mode, the alert resolves, and every dashboard query returns data.
 func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Prometheus and Alertmanager; about 90 s")
@@ -166,8 +136,6 @@ func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 
 	// SGLang, newest era (kv_transfer_* histograms), with a pin on rank 0.
 	sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{
@@ -176,17 +144,15 @@ func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 	})
 	_, pinRoom := sim.Inject(0, sglangsim.PinResurrection)
 
-	// The watchdog, wired as the run command does, in dry-run mode.
-	wdPort := freePort(t)
-	wd, o := watchdogAndOptions(t, clock.Real{}, append([]string{
-		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", wdPort), "--sglang.metrics-url=" + metricsURL,
+	// The watchdog binary in dry-run mode, its webhook on for this pod.
+	hookToken := tokenFile(t, "am-route-Tok_5d2f9")
+	wd := startWatchdog(t, append([]string{"--sglang.metrics-url=" + metricsURL,
 		"--sglang.metrics-interval=2s", "--sglang.timeout=1s", "--force-fail.mode=dry-run",
-		"--watchdog.deadline=5s", "--watchdog.stall-window=3s", "--watchdog.pin-window=10s"}, pluginArgs(pluginURLs)...)...)
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	go serveAndWatch(ctx, srv, o.web, wd, nil, log.NewNopLogger())
+		"--watchdog.deadline=5s", "--watchdog.stall-window=3s", "--watchdog.pin-window=10s",
+		"--alertmanager.webhook", "--alertmanager.webhook.token-file=" + hookToken,
+		"--alertmanager.webhook.match-label=pod=sglang-prefill-0", "--alertmanager.webhook.match-label=namespace=llm"},
+		pluginArgs(pluginURLs)...)...)
+	wdPort := wd.port
 
 	sink := &webhookSink{}
 	hook := httptest.NewServer(sink)
@@ -194,18 +160,16 @@ func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 
 	dir := t.TempDir()
 	amPort, promPort := freePort(t), freePort(t)
-	amConfig := fmt.Sprintf(`route:
-  receiver: test
-  group_by: [alertname, dp_rank, pp_rank]
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: test
-    webhook_configs:
-      - url: %s
-        send_resolved: true
-`, hook.URL)
+	amConfig := shippedRoute(t, map[string]string{
+		"http://sglang-prefill-0.sglang-prefill.llm.svc:9433":     wd.base,
+		"/etc/alertmanager/secrets/sglang-watchdog-webhook/token": hookToken,
+		"group_wait: 30s":    "group_wait: 1s",
+		"group_interval: 5m": "group_interval: 1s",
+		// A sink here sees every alert first, and lets the routes after
+		// it (the shipped one) see them too.
+		"  routes:\n":  fmt.Sprintf("  routes:\n    - receiver: test\n      group_by: [alertname, dp_rank, pp_rank]\n      group_wait: 1s\n      group_interval: 1s\n      continue: true\n"),
+		"receivers:\n": fmt.Sprintf("receivers:\n  - name: test\n    webhook_configs:\n      - url: %s\n        send_resolved: true\n", hook.URL),
+	})
 	writeFile(t, filepath.Join(dir, "am.yml"), amConfig)
 	startProcess(t, "alertmanager.log", alertmanager, "--config.file="+filepath.Join(dir, "am.yml"),
 		"--storage.path="+filepath.Join(dir, "am-data"), fmt.Sprintf("--web.listen-address=127.0.0.1:%d", amPort),
@@ -224,6 +188,7 @@ scrape_configs:
   - job_name: sglang-watchdog
     static_configs:
       - targets: ["127.0.0.1:%d"]
+        labels: {pod: sglang-prefill-0, namespace: llm}
   - job_name: sglang
     static_configs:
       - targets: ["%s"]
@@ -254,16 +219,12 @@ scrape_configs:
 			t.Errorf("alert label %s = %q, want %q (labels %v)", k, labels[k], want, labels)
 		}
 	}
-	if got := wd.Snapshot().ForceFails[[2]string{watchdog.ResultWouldFlip, watchdog.TriggerAuto}]; got != 1 {
-		t.Errorf("dry-run made %d would_flip calls, want 1", got)
+	if !wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",trigger="auto"} 1`) {
+		t.Errorf("dry-run did not make exactly one would_flip call")
 	}
 
-	have := dashboards.NeedsSGLangScrape | dashboards.NeedsPlugin | dashboards.NeedsHistogramEra |
-		dashboards.NeedsInflightTraffic | dashboards.NeedsKVTransfer
-	checkDashboard(t, promURL, have)
-
-	// Auto mode releases the request, and the alert resolves.
-	wd.SetMode(watchdog.ModeAuto)
+	// The shipped route delivers the alert to the watchdog, which releases
+	// the request through its rails, and the alert resolves.
 	waitFor(t, "the pinned request released", 30*time.Second, func() bool {
 		for _, r := range sim.Records() {
 			if r.Room == pinRoom {
@@ -275,10 +236,36 @@ scrape_configs:
 	waitFor(t, "SGLangWatchdogRequestStuck resolved at the webhook", 60*time.Second, func() bool {
 		return sink.find("SGLangWatchdogRequestStuck", "resolved") != nil
 	})
-	waitFor(t, "the release counted", 30*time.Second, func() bool {
-		return wd.Snapshot().ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] == 1
+	waitFor(t, "the release counted under trigger alert", 30*time.Second, func() bool {
+		return wd.has(t, `sglang_watchdog_force_fails_total{result="released",trigger="alert"} 1`)
 	})
-	checkDashboard(t, promURL, have|dashboards.NeedsTransferFailure)
+	for _, line := range []string{`sglang_watchdog_force_fail_mode{mode="dry-run"} 1`, `sglang_watchdog_alert_webhook_requests_total{result="accepted"} 1`,
+		`sglang_watchdog_alert_webhook_refusals_total{reason="unauthorized"} 0`, `sglang_watchdog_alert_webhook_refusals_total{reason="foreign_target"} 0`} {
+		if !wd.has(t, line) {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
+	have := dashboards.NeedsSGLangScrape | dashboards.NeedsPlugin | dashboards.NeedsHistogramEra |
+		dashboards.NeedsInflightTraffic | dashboards.NeedsKVTransfer | dashboards.NeedsTransferFailure
+	checkDashboard(t, promURL, have)
+}
+
+// shippedRoute reads the Alertmanager route example and makes the given
+// replacements, each of which must apply exactly once.
+func shippedRoute(t *testing.T, replace map[string]string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "alertmanager", "webhook-route.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(b)
+	for from, to := range replace {
+		if n := strings.Count(cfg, from); n != 1 {
+			t.Fatalf("the route example holds %q %d times, want once", from, n)
+		}
+		cfg = strings.Replace(cfg, from, to, 1)
+	}
+	return cfg
 }
 
 // checkDashboard runs every dashboard query whose needs the scenario meets
@@ -312,11 +299,4 @@ func quoteAll(ss []string) []string {
 		out[i] = fmt.Sprintf("%q", s)
 	}
 	return out
-}
-
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }

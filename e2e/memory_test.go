@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bufio"
@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -79,10 +78,7 @@ func bigListing(dp int) []byte {
 // sidecar (64 MiB): such a body gets the sidecar OOM-killed, and a
 // crash-looping watchdog watches nothing.
 func TestBinaryStaysUnderItsMemoryLimit(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "sglang-watchdog")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := binary
 	serve := func(body []byte, contentType string) string {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", contentType)

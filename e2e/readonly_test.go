@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -21,13 +21,7 @@ import (
 // directory, HOME and TMPDIR are empty folders, and they must stay empty
 // while it watches a simulator, serves its endpoints and shuts down.
 func TestBinaryWritesNothingToDisk(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the binary")
-	}
-	bin := filepath.Join(t.TempDir(), "sglang-watchdog")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := binary
 	sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, DPSize: 2, ArrivalRate: 5})
 	sim.Inject(0, sglangsim.PinResurrection)
 

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,28 +15,9 @@ import (
 
 	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
-	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
-
-// hardLogs is a log sink safe for concurrent writers.
-type hardLogs struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *hardLogs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *hardLogs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestTokensComeOnlyFromFiles walks every command's flags: the only flags
 // about a token take a file path, so that a token never sits in a process
@@ -73,83 +53,6 @@ func TestTokensComeOnlyFromFiles(t *testing.T) {
 	}
 	if _, err := watchdogConfig(&o2, log.NewNopLogger()); err == nil || !strings.Contains(err.Error(), "reading token file") {
 		t.Errorf("a token value given as the token-file variable was not refused: %v", err)
-	}
-}
-
-// TestTokenNeverLogged runs the run command's wiring (runWatchdog) at debug
-// level in auto mode against the simulator with a bearer token: with the
-// right token the pin is force-failed, with a wrong one every call is
-// refused; neither token ever appears in the logs, and the force-fail
-// command prints neither.
-func TestTokenNeverLogged(t *testing.T) {
-	const token = "tok-3f9a1c7e2b8d4c6f"
-	for _, tc := range []struct {
-		name, fileToken, want string
-	}{
-		{"right token", token, "plugin_result=flipped"},
-		{"wrong token", "tok-wrong-77d2e0a1", "plugin_result=unauthorized"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Token: token, Seed: 2})
-			rid, room := sim.Inject(0, sglangsim.PinAbortBeforeRegister)
-			tokenFile := tokenFile(t, tc.fileToken)
-			var o options
-			if _, err := newApp(&o).Parse([]string{"run", "--web.listen-address=127.0.0.1:0",
-				"--sglang.metrics-url=" + metricsURL, "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
-				"--plugin.url=" + pluginURLs[0], "--plugin.token-file=" + tokenFile, "--plugin.timeout=100ms",
-				"--watchdog.interval=200ms", "--watchdog.deadline=1s", "--watchdog.stall-window=1s", "--watchdog.pin-window=20s",
-				"--force-fail.mode=auto"}); err != nil {
-				t.Fatal(err)
-			}
-			logs := &hardLogs{}
-			logger, err := logging.New(logs, logging.Config{Level: "debug", Format: "logfmt"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan int)
-			go func() { done <- runWatchdog(ctx, &o, logger) }()
-			deadline := time.Now().Add(15 * time.Second)
-			for !strings.Contains(logs.String(), tc.want) && time.Now().Before(deadline) {
-				time.Sleep(50 * time.Millisecond)
-			}
-			time.Sleep(500 * time.Millisecond)
-			cancel()
-			if code := <-done; code != 0 {
-				t.Errorf("runWatchdog exited %d", code)
-			}
-			out := logs.String()
-			if !strings.Contains(out, tc.want) {
-				t.Fatalf("no force-fail call with %s in the logs:\n%s", tc.want, out)
-			}
-			for _, secret := range []string{token, tc.fileToken} {
-				if strings.Contains(out, secret) {
-					t.Errorf("a token appeared in the logs")
-				}
-			}
-
-			var stdout, stderr bytes.Buffer
-			run([]string{"force-fail", "--plugin.url=" + pluginURLs[0], "--plugin.token-file=" + tokenFile,
-				"--rid=" + rid, "--room=" + uintString(room), "--dry-run"}, &stdout, &stderr)
-			for _, secret := range []string{token, tc.fileToken} {
-				if strings.Contains(stdout.String()+stderr.String(), secret) {
-					t.Errorf("the force-fail command printed a token: %q %q", stdout.String(), stderr.String())
-				}
-			}
-		})
-	}
-}
-
-func uintString(v uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			return string(b[i:])
-		}
 	}
 }
 
@@ -233,9 +136,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	wd, o := watchdogAndOptions(t, clk, "--sglang.metrics-url=", "--force-fail.mode=off",
 		"--web.listen-address=127.0.0.1:0", "--plugin.url="+pluginURLs[0])
 	for s := 1; s <= 70; s++ {
-		clk.Advance(time.Second)
-		time.Sleep(2 * time.Millisecond)
-		wd.RunCycle(context.Background())
+		step(clk, wd)
 	}
 	if wd.Snapshot().Ranks[0].Stuck != 1 {
 		t.Fatal("setup: the pin is not stuck")
@@ -297,7 +198,11 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	// Control: the same alert, webhook on (mode off still refuses; dry-run
 	// lets the alert act through the rails).
 	wd.SetMode(watchdog.ModeDryRun)
-	receiver := alertwebhook.New(wd, log.NewNopLogger())
+	o.webhook, o.webhookTokenFile, o.webhookMatch = true, tokenFile(t, "hook-tok"), []string{"pod=prefill-0"}
+	receiver, err := webhookReceiver(o, wd, log.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go receiver.Run(ctx)
@@ -307,7 +212,9 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	}
 	defer srv2.close()
 	rec := httptest.NewRecorder()
-	srv2.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(alert)))
+	req := httptest.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(strings.Replace(alert, `"labels":{`, `"labels":{"pod":"prefill-0",`, 1)))
+	req.Header.Set("Authorization", "Bearer hook-tok")
+	srv2.handler.ServeHTTP(rec, req)
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("enabled webhook answered %d: %s", rec.Code, rec.Body.String())
 	}
@@ -343,8 +250,13 @@ func TestAllowRemoteStillValidatesURLs(t *testing.T) {
 // them exhaust file descriptors. The server should also bound the whole
 // request read and idle keep-alive time.
 func TestOwnServerDropsSlowClients(t *testing.T) {
-	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=", "--web.listen-address=127.0.0.1:0", "--alertmanager.webhook")
-	srv, err := newServer(o, wd, alertwebhook.New(wd, log.NewNopLogger()), log.NewNopLogger())
+	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=", "--web.listen-address=127.0.0.1:0", "--alertmanager.webhook",
+		"--alertmanager.webhook.token-file="+tokenFile(t, "hook-tok"), "--alertmanager.webhook.match-label=pod=prefill-0")
+	receiver, err := webhookReceiver(o, wd, log.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := newServer(o, wd, receiver, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,5 +287,65 @@ func TestOwnServerDropsSlowClients(t *testing.T) {
 				t.Errorf("the server still held the connection after %s", time.Since(start).Round(time.Second))
 			}
 		})
+	}
+}
+
+func TestConfigErrorsAreClear(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--plugin.timeout=2s"}, "--plugin.timeout (2s) must be shorter than --watchdog.interval (1s)"},
+		{[]string{"--sglang.timeout=20s"}, "--sglang.timeout (20s) must be shorter"},
+		{[]string{"--plugin.url=http://192.0.2.1:30100"}, "not a loopback address"},
+		{[]string{"--plugin.token-file=/nonexistent/token"}, "reading token file"},
+	} {
+		var o options
+		if _, err := newApp(&o).Parse(append([]string{"run"}, tc.args...)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := watchdogConfig(&o, log.NewNopLogger())
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err = %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestVersionFlag(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"--version"}, &out, &out); code != 0 || !strings.HasPrefix(out.String(), appName+", version") {
+		t.Fatalf("--version: exit %d, %q", code, out.String())
+	}
+}
+
+// TestWebhookDisabledMutatesNothing checks that without the flag the
+// endpoint refuses and counts the delivery.
+func TestWebhookDisabledMutatesNothing(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	sim, _, pluginURLs := simServer(t, sglangsim.Options{Clock: clk})
+	sim.Inject(0, sglangsim.PinResurrection)
+	wd, o := watchdogAndOptions(t, clk, append([]string{"--sglang.metrics-url=", "--force-fail.mode=off",
+		"--web.listen-address=127.0.0.1:0"}, pluginArgs(pluginURLs)...)...)
+	srv, err := newServer(o, wd, nil, log.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	for s := 1; s <= 70; s++ {
+		step(clk, wd)
+	}
+	req, _ := http.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"0","pp_rank":"0"}}]}`))
+	rec := httptest.NewRecorder()
+	srv.handler.ServeHTTP(rec, req)
+	if rec.Code != http.StatusForbidden {
+		t.Fatalf("disabled webhook answered %d", rec.Code)
+	}
+	for _, r := range sim.Records() {
+		if !r.ForcedAt.IsZero() {
+			t.Fatalf("a disabled webhook force-failed %s", r.RID)
+		}
+	}
+	if got := wd.Snapshot().Webhook[watchdog.WebhookDisabled]; got != 1 {
+		t.Fatalf("disabled deliveries counted %d, want 1", got)
 	}
 }
