@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/release-tools.sh
 source scripts/release-tools.sh
 
-build_tool() { # name version package module
-	local name=$1 version=$2 pkg=$3 module=$4
+build_tool() { # name version package module [ldflags]
+	local name=$1 version=$2 pkg=$3 module=$4 ldflags=${5:-}
 	local bin
 	bin="$(tool_path "${name}" "${version}")"
 	if [ -x "${bin}" ]; then
@@ -30,8 +30,8 @@ build_tool() { # name version package module
 	(
 		cd "${tmp}"
 		go mod init "build-${name}" >/dev/null 2>&1
-		go get "${module}@${version}" >/dev/null 2>&1 || go get "${module}@${version}"
-		CGO_ENABLED=0 go build -trimpath -o "${bin}.tmp" "${pkg}"
+		go get "${pkg}@${version}" >/dev/null 2>&1 || go get "${pkg}@${version}"
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w ${ldflags}" -o "${bin}.tmp" "${pkg}"
 	)
 	rm -rf "${tmp}"
 	mv "${bin}.tmp" "${bin}"
@@ -39,7 +39,13 @@ build_tool() { # name version package module
 }
 
 mkdir -p "$(dirname "$(tool_path helm "${HELM_VERSION}")")" "$(dirname "$(tool_path promu "${PROMU_VERSION}")")"
-build_tool helm "${HELM_VERSION}" helm.sh/helm/v3/cmd/helm helm.sh/helm/v3
+# What helm's Makefile stamps: its version, and the Kubernetes version of its
+# client libraries, which `helm template` and `helm lint` assume (an unstamped
+# build assumes 1.20 and refuses the chart's kubeVersion).
+build_tool helm "${HELM_VERSION}" helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 \
+	"-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} \
+	 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${HELM_K8S_MINOR} \
+	 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${HELM_K8S_MINOR}"
 build_tool promu "${PROMU_VERSION}" github.com/prometheus/promu github.com/prometheus/promu
 
 # Debian's own interpreter: another python3 first on PATH (pyenv) does not
