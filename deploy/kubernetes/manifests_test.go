@@ -20,8 +20,8 @@ import (
 type objects struct {
 	deployments     map[string][]appsv1.Deployment // by file
 	secrets         map[string][]corev1.Secret     // by directory
-	podMonitors     map[string]int // by directory: how many
-	prometheusRules map[string]int // by file: how many
+	podMonitors     map[string]int                 // by directory: how many
+	prometheusRules map[string]int                 // by file: how many
 }
 
 func loadAll(t *testing.T) objects {
