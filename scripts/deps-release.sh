@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/release-tools.sh
 source scripts/release-tools.sh
 
-build_tool() { # name version package module [ldflags]
-	local name=$1 version=$2 pkg=$3 module=$4 ldflags=${5:-}
+build_tool() { # name version package [ldflags]
+	local name=$1 version=$2 pkg=$3 ldflags=${4:-}
 	local bin
 	bin="$(tool_path "${name}" "${version}")"
 	if [ -x "${bin}" ]; then
@@ -42,11 +42,11 @@ mkdir -p "$(dirname "$(tool_path helm "${HELM_VERSION}")")" "$(dirname "$(tool_p
 # What helm's Makefile stamps: its version, and the Kubernetes version of its
 # client libraries, which `helm template` and `helm lint` assume (an unstamped
 # build assumes 1.20 and refuses the chart's kubeVersion).
-build_tool helm "${HELM_VERSION}" helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 \
+build_tool helm "${HELM_VERSION}" helm.sh/helm/v3/cmd/helm \
 	"-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} \
 	 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=${HELM_K8S_MINOR} \
 	 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=${HELM_K8S_MINOR}"
-build_tool promu "${PROMU_VERSION}" github.com/prometheus/promu github.com/prometheus/promu
+build_tool promu "${PROMU_VERSION}" github.com/prometheus/promu
 
 # Debian's own interpreter: another python3 first on PATH (pyenv) does not
 # see Debian's packages.
