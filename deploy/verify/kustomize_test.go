@@ -225,3 +225,37 @@ components:
 		}
 	}
 }
+
+// TestKustomizeComponentTakesMoreRanks runs the overlay of
+// docs/deployment.md ("Kustomize") that adds two plugin ranks.
+func TestKustomizeComponentTakesMoreRanks(t *testing.T) {
+	prefill := plainSGLang(manifestDeployment(t, "prefill"))
+	out := buildWithComponent(t, `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [prefill.yaml]
+components: [../component]
+secretGenerator:
+  - name: sglang-watchdog-plugin-token
+    files: [token]
+patches:
+  - target: {kind: Deployment, labelSelector: app.kubernetes.io/component=prefill}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/initContainers/0/args/4
+        value: --plugin.url=http://127.0.0.1:30102
+      - op: add
+        path: /spec/template/spec/initContainers/0/args/5
+        value: --plugin.url=http://127.0.0.1:30103
+`, map[string]any{"prefill.yaml": prefill})
+	docs, err := splitDocs("kustomize build", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decodeAll(t, docs)
+	if len(o.deployments) != 1 || len(o.secrets) != 1 {
+		t.Fatalf("want one Deployment and one Secret, have %d and %d", len(o.deployments), len(o.secrets))
+	}
+	checkSidecar(t, "4 ranks", o.deployments[0].Spec.Template.Spec, sidecarWant{
+		mode: "dry-run", pluginBase: 30100, ranks: 4, secretName: o.secrets[0].Name,
+	})
+}
