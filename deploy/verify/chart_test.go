@@ -327,13 +327,16 @@ func filterVolumes(all, like []corev1.Volume) []corev1.Volume {
 func TestChartRejectsBadValues(t *testing.T) {
 	dir := t.TempDir()
 	for name, tc := range map[string]struct{ values, want string }{
-		"bare off": {"roles:\n  decode:\n    forceFailMode: off\n", `forceFailMode is false`},
-		"typo":     {"roles:\n  prefill:\n    forceFailMode: dryrun\n", `want "off", "dry-run" or "auto"`},
+		// values.schema.json catches these before the templates do.
+		"bare off":    {"roles:\n  decode:\n    forceFailMode: off\n", `/roles/decode/forceFailMode': value must be one of 'off', 'dry-run', 'auto'`},
+		"typo":        {"roles:\n  prefill:\n    forceFailMode: dryrun\n", `/roles/prefill/forceFailMode': value must be one of`},
+		"unknown key": {"podMonitor:\n  intervall: 30s\n", `intervall`},
+		"positional":  {"sidecar:\n  extraArgs: [--watchdog.deadline, 90s]\n", `/sidecar/extraArgs/0`},
+		"no selector": {"roles:\n  decode:\n    podSelector: null\n", `missing property 'podSelector'`},
 		"auto without plugin": {
 			"roles:\n  decode:\n    forceFailMode: auto\n", "forceFailMode auto needs the plugin",
 		},
 		"unknown rule file": {"prometheusRule:\n  ruleFiles:\n    watchdgo: true\n", "the chart has no files/rules/watchdgo.rules.yml"},
-		"empty selector":    {"roles:\n  decode:\n    podSelector: null\n", "podSelector is empty"},
 	} {
 		f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
 		if err := os.WriteFile(f, []byte(tc.values), 0o644); err != nil {
