@@ -389,6 +389,13 @@ func TestPluginWheel(t *testing.T) {
 			t.Errorf("METADATA lacks %q", want)
 		}
 	}
+	license, err := os.ReadFile(filepath.Join(repoRoot, "LICENSE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files[distInfo+"LICENSE"] != string(license) {
+		t.Error("the wheel's .dist-info lacks LICENSE, or it is not the repository's (copy LICENSE to sglang_plugin/)")
+	}
 	if !strings.Contains(files[distInfo+"RECORD"], "sglang_watchdog_plugin.pth,") {
 		t.Error("RECORD does not list the .pth file, so pip would not uninstall it")
 	}
