@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden sidecar renders in deploy/helm/testdata")
@@ -345,6 +346,49 @@ func TestChartRejectsBadValues(t *testing.T) {
 		_, err := helmTemplate(t, "-f", f)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: helm template error %v, want one containing %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestChartPatchAppliesLikeKubectl applies each rendered sidecar patch the
+// way `kubectl patch --type=strategic` does to a plain SGLang Deployment
+// and gets the Deployment of deploy/kubernetes.
+func TestChartPatchAppliesLikeKubectl(t *testing.T) {
+	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := splitDocs("chart", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patches := map[string][]byte{}
+	for _, d := range docs {
+		patches[d.name] = d.json
+	}
+	for _, role := range []string{"prefill", "decode"} {
+		want := manifestDeployment(t, role)
+		patch, ok := patches[want.Name]
+		if !ok {
+			t.Fatalf("no patch for %s", want.Name)
+		}
+		original, err := json.Marshal(plainSGLang(want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		merged, err := strategicpatch.StrategicMergePatch(original, patch, appsv1.Deployment{})
+		if err != nil {
+			t.Fatalf("%s: %v", role, err)
+		}
+		var got appsv1.Deployment
+		if err := json.Unmarshal(merged, &got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range got.Spec.Template.Spec.InitContainers {
+			got.Spec.Template.Spec.InitContainers[i].ImagePullPolicy = "" // set by the chart, defaulted in the manifests
+		}
+		if a, b := asJSON(t, sortedMounts(got)), asJSON(t, sortedMounts(want)); a != b {
+			t.Errorf("%s: the patched Deployment differs from deploy/kubernetes:\npatched:  %s\nmanifest: %s", role, a, b)
 		}
 	}
 }
