@@ -195,7 +195,7 @@ func TestChartRenders(t *testing.T) {
 				}
 			}
 
-			// The NetworkPolicy admits Prometheus to the sidecar and keeps
+			// The NetworkPolicy admits Prometheus to the sidecar (9433) and keeps
 			// SGLang's own ports open.
 			if (len(o.networkPolicies) > 0) != c.networkPolicy {
 				t.Errorf("%d NetworkPolicies, want networkPolicy=%v", len(o.networkPolicies), c.networkPolicy)
@@ -205,7 +205,7 @@ func TestChartRenders(t *testing.T) {
 				for _, r := range np.Spec.Ingress {
 					for _, p := range r.Ports {
 						switch p.Port.String() {
-						case "metrics":
+						case "9433":
 							metrics = len(r.From) > 0
 						case "30000":
 							api = len(r.From) == 0
