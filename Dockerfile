@@ -3,18 +3,20 @@
 # sglang-watchdog image: a static Go binary on distroless, running as nonroot.
 #
 #   docker build \
-#     --build-arg VERSION="$(git describe --tags --always --dirty)" \
+#     --build-arg VERSION="$(bash scripts/version.sh)" \
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg BRANCH="$(git rev-parse --abbrev-ref HEAD)" \
 #     --build-arg BUILD_DATE="$(date -u +%Y%m%d-%H:%M:%S)" \
-#     -t sglang-watchdog:dev .
+#     -t ghcr.io/sglang-watchdog/sglang-watchdog:v"$(cat VERSION)" .
 #
 # .git is not in the build context (.dockerignore), so without these build
-# args the binary reports version "dev". Multi-arch: docker buildx build
-# --platform linux/amd64,linux/arm64 (the builder cross-compiles; CGO is off).
+# args the binary reports version <VERSION>-dev and revision "unknown".
+# Multi-arch: docker buildx build --platform linux/amd64,linux/arm64 (the
+# builder cross-compiles; CGO is off). The tag is what the chart and the
+# manifests run: ghcr.io/sglang-watchdog/sglang-watchdog:v<VERSION>.
 
 # ---- build stage --------------------------------------------------------------
-FROM --platform=$BUILDPLATFORM golang:1.26-bookworm AS build
+FROM --platform=$BUILDPLATFORM golang:1.26-trixie AS build
 
 WORKDIR /src
 
@@ -42,7 +44,7 @@ RUN --mount=type=cache,target=/root/.cache/go-build \
 # ---- runtime stage ------------------------------------------------------------
 # Static binary: no libc, no shell. The :nonroot tag already runs as
 # 65532:65532; USER below makes it explicit (and numeric, for runAsNonRoot).
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/static-debian13:nonroot
 
 ARG VERSION
 ARG REVISION
@@ -58,6 +60,7 @@ LABEL org.opencontainers.image.title="sglang-watchdog" \
       org.opencontainers.image.created="${BUILD_DATE}"
 
 COPY --from=build /out/sglang-watchdog /bin/sglang-watchdog
+COPY LICENSE /LICENSE
 
 USER 65532:65532
 EXPOSE 9433

@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sglang-watchdog/sglang-watchdog/deploy/kubernetes"
+	"github.com/sglang-watchdog/sglang-watchdog/deploy"
 )
 
 // TestSidecarArgsAreAcceptedFlags parses every Kubernetes sidecar's
-// arguments with the real flag set, so that a manifest cannot carry a flag
-// the binary would refuse at start.
+// arguments (manifests, Helm chart renders, examples) with the real flag
+// set, so that none can carry a flag the binary would refuse at start.
 func TestSidecarArgsAreAcceptedFlags(t *testing.T) {
-	all, err := kubernetes.SidecarArgs()
+	all, err := deploy.SidecarArgs()
 	if err != nil {
 		t.Fatal(err)
 	}

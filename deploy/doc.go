@@ -1,5 +1,13 @@
 // Package deploy holds the project's packaging: the Kubernetes manifests in
-// deploy/kubernetes, and tests that keep the repository's Dockerfile and
-// scripts/build.sh honest (the image builds a static, version-stamped binary
-// with the same script CI uses, and runs it as non-root on distroless).
+// deploy/kubernetes, the Helm chart in deploy/helm, the kustomize component
+// in deploy/kustomize and the LeaderWorkerSet and RoleBasedGroup examples in
+// deploy/examples. Its tests keep the repository's Dockerfile,
+// scripts/build.sh and the release files honest (a static, version-stamped
+// binary built with the same script CI uses, run as non-root on distroless;
+// a promu snapshot for linux/amd64 and linux/arm64; the plugin's wheel;
+// one release name everywhere), and SidecarArgs hands every shipped sidecar's
+// args to the main package, which parses them with the real flag set.
+//
+// The tests that need helm, kustomize's Go API or prometheus-operator's
+// types live in deploy/verify, a Go module of its own.
 package deploy

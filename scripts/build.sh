@@ -8,7 +8,8 @@
 # Usage: scripts/build.sh [OUTPUT]        (default ./sglang-watchdog)
 #
 # Environment (each optional; an empty value counts as unset):
-#   VERSION     default: git describe --tags --always --dirty, else "dev"
+#   VERSION     default: scripts/version.sh: the release tag's version at a
+#               tag v<VERSION file>, else <VERSION file>-dev+<revision>
 #   REVISION    default: git rev-parse HEAD, else "unknown"
 #   BRANCH      default: git rev-parse --abbrev-ref HEAD, else "unknown"
 #   BUILD_USER  default: $(id -un)@$(hostname)
@@ -34,7 +35,9 @@ git_out() {
 	git -C "${root}" "$@" 2>/dev/null
 }
 
-VERSION="${VERSION:-$(git_out describe --tags --always --dirty || echo dev)}"
+if [[ -z "${VERSION:-}" ]]; then
+	VERSION="$(bash "${root}/scripts/version.sh")"
+fi
 REVISION="${REVISION:-$(git_out rev-parse HEAD || echo unknown)}"
 BRANCH="${BRANCH:-$(git_out rev-parse --abbrev-ref HEAD || echo unknown)}"
 BUILD_USER="${BUILD_USER:-$(id -un 2>/dev/null || echo unknown)@$(hostname 2>/dev/null || echo unknown)}"

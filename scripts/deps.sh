@@ -20,3 +20,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
 fi
 go mod download
+bash scripts/deps-release.sh   # helm, promu, python3-build (packaging and release tests)

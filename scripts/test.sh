@@ -22,3 +22,10 @@ go test -count=1 -timeout 20m ./...
 go test -run '^$' -fuzz '^FuzzParseMetrics$' -fuzztime 20s ./collector
 go test -run '^$' -fuzz '^FuzzDecodeListing$' -fuzztime 20s ./pluginapi
 go test -run '^$' -fuzz '^FuzzDecodeWireFast$' -fuzztime 20s ./pluginapi
+
+# Packaging: the Helm chart (helm lint, helm template, strict decoding), the
+# kustomize component, the LeaderWorkerSet/RoleBasedGroup examples and the
+# operator's monitoring/v1 types live in a Go module of their own, which
+# `go test ./...` above does not enter. (The release snapshot and the
+# plugin's wheel are tested in ./deploy above.)
+(cd deploy/verify && go vet ./... && go test -count=1 ./...)

@@ -4,7 +4,8 @@
 // from alerts/ (monitoring/, see package promrule).
 //
 // The YAML files are embedded so that tests elsewhere can check them: the
-// main package's tests parse SidecarArgs with the real flag set.
+// main package's tests parse SidecarArgs (through deploy.SidecarArgs, which
+// adds the chart's renders and the examples) with the real flag set.
 package kubernetes
 
 //go:generate go run ./gen

@@ -1,11 +1,13 @@
 // Command gen writes deploy/kubernetes/monitoring/prometheusrule-*.yaml, one
-// prometheus-operator PrometheusRule per rule file of alerts/.
+// prometheus-operator PrometheusRule per rule file of alerts/, and the Helm
+// chart's copies of alerts/*.rules.yml and dashboards/sglang-watchdog.json
+// (deploy/helm/sglang-watchdog/files/).
 //
 // Run it from anywhere inside the repository:
 //
 //	go run ./deploy/kubernetes/gen
 //
-// It also removes generated manifests whose rule file no longer exists.
+// It also removes generated files whose source no longer exists.
 package main
 
 import (
@@ -13,11 +15,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/sglang-watchdog/sglang-watchdog/deploy/helm"
 	"github.com/sglang-watchdog/sglang-watchdog/deploy/kubernetes/promrule"
 )
 
@@ -30,6 +35,69 @@ func main() {
 		fmt.Fprintln(os.Stderr, "gen:", err)
 		os.Exit(1)
 	}
+	if *dir == "" {
+		if err := writeChartFiles(); err != nil {
+			fmt.Fprintln(os.Stderr, "gen:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// writeChartFiles refreshes the chart's generated copies under
+// deploy/helm/sglang-watchdog/files.
+func writeChartFiles() error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	files, err := helm.Files(root)
+	if err != nil {
+		return err
+	}
+	chart := filepath.Join(root, filepath.FromSlash(helm.ChartDir))
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		if err := writeIfChanged(filepath.Join(chart, filepath.FromSlash(p)), path.Join(helm.ChartDir, p), files[p]); err != nil {
+			return err
+		}
+	}
+	return filepath.WalkDir(filepath.Join(chart, "files"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(chart, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if _, keep := files[rel]; keep || !helm.IsGenerated(rel) {
+			return nil
+		}
+		if err := os.Remove(p); err != nil {
+			return err
+		}
+		fmt.Printf("removed   %s\n", path.Join(helm.ChartDir, rel))
+		return nil
+	})
+}
+
+func writeIfChanged(dst, name string, data []byte) error {
+	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
+		fmt.Printf("unchanged %s\n", name)
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(dst, data, 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("wrote     %s\n", name)
+	return nil
 }
 
 func run(dir string) error {
@@ -54,15 +122,9 @@ func run(dir string) error {
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
-		dst := filepath.Join(dir, filepath.FromSlash(p))
-		if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, files[p]) {
-			fmt.Printf("unchanged %s\n", p)
-			continue
-		}
-		if err := os.WriteFile(dst, files[p], 0o644); err != nil {
+		if err := writeIfChanged(filepath.Join(dir, filepath.FromSlash(p)), p, files[p]); err != nil {
 			return err
 		}
-		fmt.Printf("wrote     %s\n", p)
 	}
 	// Remove manifests of rule files that are gone.
 	stale, err := filepath.Glob(filepath.Join(outDir, promrule.FilePrefix+"*.yaml"))

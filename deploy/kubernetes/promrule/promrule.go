@@ -6,8 +6,9 @@
 //
 //	go run ./deploy/kubernetes/gen
 //
-// from the repository root after any change to alerts/*.rules.yml. A test in
-// deploy/kubernetes fails while the committed manifests are stale.
+// from the repository root after any change to alerts/*.rules.yml (the same
+// command refreshes the Helm chart's copies, see package deploy/helm). A
+// test in deploy/kubernetes fails while the committed manifests are stale.
 package promrule
 
 import (

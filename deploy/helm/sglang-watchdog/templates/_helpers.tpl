@@ -1,0 +1,174 @@
+{{/* The watchdog's container name and token path: the manifests and the
+plugin docs use the same. */}}
+{{- define "sglang-watchdog.containerName" -}}sglang-watchdog{{- end -}}
+{{- define "sglang-watchdog.tokenDir" -}}/var/run/secrets/sglang-watchdog{{- end -}}
+
+{{- define "sglang-watchdog.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sglang-watchdog.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "sglang-watchdog.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "sglang-watchdog.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sglang-watchdog.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "sglang-watchdog.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sglang-pd
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "sglang-watchdog.image" -}}
+{{- $tag := .Values.image.tag | default (printf "v%s" .Chart.AppVersion) -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sglang-watchdog.tokenSecretName" -}}
+{{- .Values.token.existingSecret | default (printf "%s-plugin-token" (include "sglang-watchdog.fullname" .)) -}}
+{{- end -}}
+
+{{/* The enabled roles, checked: "sglang-watchdog.roles" returns their names
+as a JSON list. */}}
+{{- define "sglang-watchdog.roles" -}}
+{{- $out := list -}}
+{{- range $name, $r := .Values.roles -}}
+{{- if $r.enabled -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "roles.%s: a role name must be a DNS label" $name) -}}
+{{- end -}}
+{{- if not (has (toString $r.forceFailMode) (list "off" "dry-run" "auto")) -}}
+{{- fail (printf "roles.%s.forceFailMode is %v; want \"off\", \"dry-run\" or \"auto\" (quote \"off\": YAML reads a bare off as false)" $name $r.forceFailMode) -}}
+{{- end -}}
+{{- if lt (int $r.plugin.ranks) 0 -}}
+{{- fail (printf "roles.%s.plugin.ranks is %v; want 0 or more" $name $r.plugin.ranks) -}}
+{{- end -}}
+{{- if and (eq (int $r.plugin.ranks) 0) (eq (toString $r.forceFailMode) "auto") -}}
+{{- fail (printf "roles.%s: forceFailMode auto needs the plugin (plugin.ranks > 0)" $name) -}}
+{{- end -}}
+{{- if empty $r.podSelector -}}
+{{- fail (printf "roles.%s.podSelector is empty: it would select every pod" $name) -}}
+{{- end -}}
+{{- $out = append $out $name -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{- define "sglang-watchdog.usesToken" -}}
+{{- $uses := false -}}
+{{- range $name := include "sglang-watchdog.roles" . | fromJsonArray -}}
+{{- if gt (int (index $.Values.roles $name).plugin.ranks) 0 -}}{{- $uses = true -}}{{- end -}}
+{{- end -}}
+{{- if $uses -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"sglang-watchdog.sidecar": the watchdog container of one role, a native
+sidecar (an init container with restartPolicy Always). Call it with the root
+context and the role's name:
+  initContainers:
+    - {{- include "sglang-watchdog.sidecar" (dict "root" $ "role" "prefill") | nindent 6 }}
+*/}}
+{{- define "sglang-watchdog.sidecar" -}}
+{{- $root := .root -}}
+{{- $r := index $root.Values.roles .role -}}
+{{- $s := $root.Values.sidecar -}}
+{{- $ranks := int $r.plugin.ranks -}}
+name: {{ include "sglang-watchdog.containerName" $root }}
+image: {{ include "sglang-watchdog.image" $root }}
+imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+restartPolicy: Always
+args:
+  - --web.listen-address=:{{ $s.port }}
+  - --sglang.metrics-url=http://127.0.0.1:{{ $r.sglangPort }}/metrics
+{{- range $i := until $ranks }}
+  - --plugin.url=http://127.0.0.1:{{ add (int $r.plugin.basePort) $i }}
+{{- end }}
+{{- if gt $ranks 0 }}
+  - --plugin.token-file={{ include "sglang-watchdog.tokenDir" $root }}/token
+{{- end }}
+  - --force-fail.mode={{ $r.forceFailMode }}
+{{- range concat ($r.extraArgs | default list) ($s.extraArgs | default list) }}
+  - {{ . | quote }}
+{{- end }}
+env:
+  - name: GOMAXPROCS
+    value: {{ $s.gomaxprocs | quote }}
+  - name: GOMEMLIMIT
+    valueFrom:
+      resourceFieldRef:
+        containerName: {{ include "sglang-watchdog.containerName" $root }}
+        resource: limits.memory
+ports:
+  - name: metrics
+    containerPort: {{ $s.port }}
+    protocol: TCP
+# No readinessProbe, on purpose: a native sidecar's readiness counts toward
+# Pod Ready (docs/deployment.md).
+startupProbe:
+  httpGet:
+    path: /-/healthy
+    port: metrics
+  {{- toYaml $s.startupProbe | nindent 2 }}
+livenessProbe:
+  httpGet:
+    path: /-/healthy
+    port: metrics
+  {{- toYaml $s.livenessProbe | nindent 2 }}
+resources:
+  {{- toYaml $s.resources | nindent 2 }}
+securityContext:
+  {{- toYaml $s.securityContext | nindent 2 }}
+terminationMessagePolicy: FallbackToLogsOnError
+{{- if gt $ranks 0 }}
+volumeMounts:
+  {{- include "sglang-watchdog.tokenVolumeMount" $root | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The token volume of a prefill pod (the pod's volumes list). */}}
+{{- define "sglang-watchdog.tokenVolume" -}}
+- name: watchdog-token
+  secret:
+    secretName: {{ include "sglang-watchdog.tokenSecretName" . }}
+    defaultMode: 0444
+    items:
+      - key: {{ .Values.token.key }}
+        path: token
+{{- end -}}
+
+{{/* The token mount, the same in the sidecar and the SGLang container. */}}
+{{- define "sglang-watchdog.tokenVolumeMount" -}}
+- name: watchdog-token
+  mountPath: {{ include "sglang-watchdog.tokenDir" . }}
+  readOnly: true
+{{- end -}}
+
+{{/* The SGLang container's plugin settings for one role (its env list);
+call with (dict "root" $ "role" "prefill"). */}}
+{{- define "sglang-watchdog.sglangEnv" -}}
+{{- $r := index .root.Values.roles .role -}}
+- name: SGLANG_PLUGINS
+  value: sglang_watchdog
+- name: SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE
+  value: {{ include "sglang-watchdog.tokenDir" .root }}/token
+- name: SGLANG_WATCHDOG_PLUGIN_HOST
+  value: 127.0.0.1
+- name: SGLANG_WATCHDOG_PLUGIN_PORT
+  value: {{ $r.plugin.basePort | quote }}
+{{- end -}}

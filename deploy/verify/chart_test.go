@@ -1,0 +1,394 @@
+package verify
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden sidecar renders in deploy/helm/testdata")
+
+const (
+	chartRel  = "deploy/helm/sglang-watchdog"
+	goldenDir = "deploy/helm/testdata"
+	release   = "w"
+	namespace = "sglang"
+)
+
+// chartCase is one values file of the chart's ci/ directory and what it
+// must render.
+type chartCase struct {
+	name          string
+	roles         map[string]sidecarWant // by workload (the patch's name)
+	podMonitors   map[string]string      // role -> extra label that must be set, "" for none
+	secret        string                 // created token Secret, "" for none
+	rules         []string               // rule files, sorted
+	dashboard     bool
+	networkPolicy bool
+}
+
+var chartCases = []chartCase{
+	{
+		name: "default",
+		roles: map[string]sidecarWant{
+			"sglang-prefill": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+			"sglang-decode":  {mode: "off", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+		},
+		podMonitors: map[string]string{"prefill": "", "decode": ""},
+		secret:      "w-sglang-watchdog-plugin-token",
+		rules:       []string{"watchdog"},
+		dashboard:   true,
+	},
+	{
+		name: "full",
+		roles: map[string]sidecarWant{
+			"big-prefill":   {mode: "auto", pluginBase: 31000, ranks: 4, secretName: "my-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
+			"sglang-decode": {mode: "off"},
+		},
+		podMonitors:   map[string]string{"prefill": "team", "decode": "team"},
+		rules:         []string{"sglang-raw", "watchdog"},
+		dashboard:     true,
+		networkPolicy: true,
+	},
+	{
+		name:        "decode-only",
+		roles:       map[string]sidecarWant{"sglang-decode": {mode: "off"}},
+		podMonitors: map[string]string{"decode": ""},
+	},
+}
+
+func (c chartCase) values() string {
+	return repoPath(chartRel + "/ci/" + c.name + "-values.yaml")
+}
+
+// helmTemplate renders the chart with the sidecar patches on: they are
+// template-only (a patch is no installable Deployment, so helm lint, which
+// checks what is installed, runs without them).
+func helmTemplate(t *testing.T, args ...string) ([]byte, error) {
+	t.Helper()
+	return run(toolPath(t, "helm"), append([]string{"template", release, repoPath(chartRel), "--namespace", namespace, "--set", "sidecarPatch.enabled=true"}, args...)...)
+}
+
+func TestChartLint(t *testing.T) {
+	helm := toolPath(t, "helm")
+	for _, c := range chartCases {
+		if out, err := run(helm, "lint", "--strict", repoPath(chartRel), "-f", c.values()); err != nil {
+			t.Errorf("%s: %v\n%s", c.name, err, out)
+		}
+	}
+}
+
+// TestChartRenders renders every ci/ values file, decodes every object
+// strictly into its API type and checks it.
+func TestChartRenders(t *testing.T) {
+	dashboard := readRepoFile(t, "dashboards/sglang-watchdog.json")
+	for _, c := range chartCases {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := helmTemplate(t, "-f", c.values())
+			if err != nil {
+				t.Fatal(err)
+			}
+			docs, err := splitDocs(c.name, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := decodeAll(t, docs)
+			for _, d := range docs {
+				if d.kind != "Deployment" && d.name != "" && !strings.HasPrefix(d.name, release+"-sglang-watchdog") && d.name != "my-plugin-token" {
+					t.Errorf("%s: object name %q is not prefixed with the release's full name", d, d.name)
+				}
+			}
+
+			// Sidecar patches, one per enabled role.
+			if len(o.deployments) != len(c.roles) {
+				t.Errorf("%d sidecar patches, want %d", len(o.deployments), len(c.roles))
+			}
+			for _, dep := range o.deployments {
+				want, ok := c.roles[dep.Name]
+				if !ok {
+					t.Errorf("a patch for %q, which no role names", dep.Name)
+					continue
+				}
+				spec := dep.Spec.Template.Spec
+				checkSidecar(t, c.name+" "+dep.Name, spec, want)
+				if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+					t.Errorf("%s: the patch must set automountServiceAccountToken: false", dep.Name)
+				}
+			}
+
+			// PodMonitors.
+			if len(o.podMonitors) != len(c.podMonitors) {
+				t.Errorf("%d PodMonitors, want %d", len(o.podMonitors), len(c.podMonitors))
+			}
+			for _, pm := range o.podMonitors {
+				role := strings.TrimPrefix(pm.Name, release+"-sglang-watchdog-")
+				label, ok := c.podMonitors[role]
+				if !ok {
+					t.Errorf("PodMonitor %s for no role", pm.Name)
+					continue
+				}
+				checkPodMonitor(t, pm, map[string]string{"app.kubernetes.io/name": "sglang", "app.kubernetes.io/component": role})
+				if got := *pm.Spec.PodMetricsEndpoints[0].RelabelConfigs[0].Replacement; got != "sglang-watchdog-"+role {
+					t.Errorf("%s: job %q, want sglang-watchdog-%s", pm.Name, got, role)
+				}
+				if label != "" && pm.Labels[label] == "" {
+					t.Errorf("%s: podMonitor.additionalLabels not applied (%s)", pm.Name, label)
+				}
+				if pm.Namespace != namespace {
+					t.Errorf("%s: namespace %q", pm.Name, pm.Namespace)
+				}
+			}
+
+			// PrometheusRules carry alerts/ exactly.
+			var rules []string
+			for _, pr := range o.prometheusRules {
+				slug := strings.TrimPrefix(pr.Name, release+"-sglang-watchdog-")
+				rules = append(rules, slug)
+				if !reflect.DeepEqual(pr.Spec, ruleSpec(t, slug+".rules.yml")) {
+					t.Errorf("PrometheusRule %s does not carry exactly alerts/%s.rules.yml; regenerate the chart's copy with: go run ./deploy/kubernetes/gen", pr.Name, slug)
+				}
+			}
+			sort.Strings(rules)
+			if !reflect.DeepEqual(rules, c.rules) {
+				t.Errorf("PrometheusRules for %q, want %q", rules, c.rules)
+			}
+
+			// The dashboard ConfigMap.
+			var dashboards int
+			for _, cm := range o.configMaps {
+				if cm.Labels["grafana_dashboard"] != "1" {
+					t.Errorf("ConfigMap %s lacks the label grafana_dashboard: \"1\"", cm.Name)
+				}
+				if !bytes.Equal([]byte(cm.Data["sglang-watchdog.json"]), dashboard) {
+					t.Errorf("ConfigMap %s does not hold dashboards/sglang-watchdog.json; regenerate the chart's copy with: go run ./deploy/kubernetes/gen", cm.Name)
+				}
+				if !json.Valid([]byte(cm.Data["sglang-watchdog.json"])) {
+					t.Errorf("ConfigMap %s: the dashboard is not valid JSON", cm.Name)
+				}
+				dashboards++
+			}
+			if (dashboards == 1) != c.dashboard || dashboards > 1 {
+				t.Errorf("%d dashboard ConfigMaps, want dashboard=%v", dashboards, c.dashboard)
+			}
+
+			// The token Secret, created only when a role uses the plugin and
+			// no existing Secret is named.
+			switch {
+			case c.secret == "" && len(o.secrets) != 0:
+				t.Errorf("a Secret was created: %s", o.secrets[0].Name)
+			case c.secret != "":
+				if len(o.secrets) != 1 || o.secrets[0].Name != c.secret {
+					t.Fatalf("want the Secret %s, have %d Secrets", c.secret, len(o.secrets))
+				}
+				if tok := o.secrets[0].Data["token"]; len(tok) < 32 {
+					t.Errorf("Secret %s: token of %d bytes, want a generated one of at least 32", c.secret, len(tok))
+				}
+			}
+
+			// The NetworkPolicy admits Prometheus to the sidecar (9433) and keeps
+			// SGLang's own ports open.
+			if (len(o.networkPolicies) > 0) != c.networkPolicy {
+				t.Errorf("%d NetworkPolicies, want networkPolicy=%v", len(o.networkPolicies), c.networkPolicy)
+			}
+			for _, np := range o.networkPolicies {
+				var metrics, api, extra bool
+				for _, r := range np.Spec.Ingress {
+					for _, p := range r.Ports {
+						switch p.Port.String() {
+						case "9433":
+							metrics = len(r.From) > 0
+						case "30000":
+							api = len(r.From) == 0
+						case "15000":
+							extra = true
+						}
+					}
+				}
+				if !metrics || !api || !extra {
+					t.Errorf("NetworkPolicy %s: metrics from Prometheus only %v, SGLang API open %v, extraIngress %v", np.Name, metrics, api, extra)
+				}
+			}
+		})
+	}
+}
+
+// TestChartSidecarGolden keeps the rendered sidecar patches of every ci/
+// values file in deploy/helm/testdata; the main module's tests parse their
+// args with the real flag set (deploy.SidecarArgs). Rewrite them with
+// go test -run TestChartSidecarGolden -update.
+func TestChartSidecarGolden(t *testing.T) {
+	for _, c := range chartCases {
+		out, err := helmTemplate(t, "-f", c.values(), "-s", "templates/sidecar-patch.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		golden := repoPath(goldenDir + "/sidecar-" + c.name + ".yaml")
+		if *update {
+			if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(golden, out, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(golden)
+		if err != nil {
+			t.Fatalf("%v; write it with: go test -run TestChartSidecarGolden -update", err)
+		}
+		if !bytes.Equal(out, want) {
+			t.Errorf("%s differs from the chart's render; rewrite it with: (cd deploy/verify && go test -run TestChartSidecarGolden -update)", golden)
+		}
+	}
+}
+
+// TestChartSidecarMatchesManifests: with the defaults, the chart's sidecar
+// and the plugin settings it adds are exactly those of deploy/kubernetes.
+func TestChartSidecarMatchesManifests(t *testing.T) {
+	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := splitDocs("chart", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chart := map[string]appsv1.Deployment{}
+	for _, d := range decodeAll(t, docs).deployments {
+		chart[d.Name] = d
+	}
+	for _, role := range []string{"prefill", "decode"} {
+		rel := "deploy/kubernetes/" + role + "/deployment.yaml"
+		docs, err := splitDocs(rel, readRepoFile(t, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		manifest := decodeAll(t, docs).deployments[0]
+		patch, ok := chart[manifest.Name]
+		if !ok {
+			t.Errorf("the chart renders no patch for %s", manifest.Name)
+			continue
+		}
+		want := manifest.Spec.Template.Spec
+		got := patch.Spec.Template.Spec
+		sidecar := func(spec corev1.PodSpec) string {
+			c, _ := findSidecar(t, rel, spec)
+			c.ImagePullPolicy = "" // the chart sets it from values; the manifests leave the default
+			b, _ := json.Marshal(c)
+			return string(b)
+		}
+		if a, b := sidecar(got), sidecar(want); a != b {
+			t.Errorf("%s: the chart's sidecar differs from the manifest's:\nchart:    %s\nmanifest: %s", role, a, b)
+		}
+		if !reflect.DeepEqual(got.Volumes, filterVolumes(want.Volumes, got.Volumes)) {
+			t.Errorf("%s: the chart's volumes %+v are not the manifest's", role, got.Volumes)
+		}
+		for _, c := range got.Containers {
+			var m corev1.Container
+			for _, mc := range want.Containers {
+				if mc.Name == c.Name {
+					m = mc
+				}
+			}
+			for _, e := range c.Env {
+				if !hasEnv(m, e.Name, e.Value) {
+					t.Errorf("%s: the chart sets %s=%s in %s, the manifest does not", role, e.Name, e.Value, c.Name)
+				}
+			}
+			if len(c.Env) != len(m.Env) {
+				t.Errorf("%s: the chart sets %d variables in %s, the manifest %d", role, len(c.Env), c.Name, len(m.Env))
+			}
+		}
+	}
+}
+
+// filterVolumes returns the volumes of all that are named in like.
+func filterVolumes(all, like []corev1.Volume) []corev1.Volume {
+	var out []corev1.Volume
+	for _, v := range all {
+		for _, l := range like {
+			if v.Name == l.Name {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+func TestChartRejectsBadValues(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ values, want string }{
+		// values.schema.json catches these before the templates do.
+		"bare off":    {"roles:\n  decode:\n    forceFailMode: off\n", `/roles/decode/forceFailMode': value must be one of 'off', 'dry-run', 'auto'`},
+		"typo":        {"roles:\n  prefill:\n    forceFailMode: dryrun\n", `/roles/prefill/forceFailMode': value must be one of`},
+		"unknown key": {"podMonitor:\n  intervall: 30s\n", `intervall`},
+		"positional":  {"sidecar:\n  extraArgs: [--watchdog.deadline, 90s]\n", `/sidecar/extraArgs/0`},
+		"no selector": {"roles:\n  decode:\n    podSelector: null\n", `missing property 'podSelector'`},
+		"auto without plugin": {
+			"roles:\n  decode:\n    forceFailMode: auto\n", "forceFailMode auto needs the plugin",
+		},
+		"unknown rule file": {"prometheusRule:\n  ruleFiles:\n    watchdgo: true\n", "the chart has no files/rules/watchdgo.rules.yml"},
+	} {
+		f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+		if err := os.WriteFile(f, []byte(tc.values), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := helmTemplate(t, "-f", f)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: helm template error %v, want one containing %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestChartPatchAppliesLikeKubectl applies each rendered sidecar patch the
+// way `kubectl patch --type=strategic` does to a plain SGLang Deployment
+// and gets the Deployment of deploy/kubernetes.
+func TestChartPatchAppliesLikeKubectl(t *testing.T) {
+	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := splitDocs("chart", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patches := map[string][]byte{}
+	for _, d := range docs {
+		patches[d.name] = d.json
+	}
+	for _, role := range []string{"prefill", "decode"} {
+		want := manifestDeployment(t, role)
+		patch, ok := patches[want.Name]
+		if !ok {
+			t.Fatalf("no patch for %s", want.Name)
+		}
+		original, err := json.Marshal(plainSGLang(want))
+		if err != nil {
+			t.Fatal(err)
+		}
+		merged, err := strategicpatch.StrategicMergePatch(original, patch, appsv1.Deployment{})
+		if err != nil {
+			t.Fatalf("%s: %v", role, err)
+		}
+		var got appsv1.Deployment
+		if err := json.Unmarshal(merged, &got); err != nil {
+			t.Fatal(err)
+		}
+		for i := range got.Spec.Template.Spec.InitContainers {
+			got.Spec.Template.Spec.InitContainers[i].ImagePullPolicy = "" // set by the chart, defaulted in the manifests
+		}
+		if a, b := asJSON(t, sortedMounts(got)), asJSON(t, sortedMounts(want)); a != b {
+			t.Errorf("%s: the patched Deployment differs from deploy/kubernetes:\npatched:  %s\nmanifest: %s", role, a, b)
+		}
+	}
+}

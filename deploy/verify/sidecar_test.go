@@ -1,0 +1,184 @@
+package verify
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sglang-watchdog/sglang-watchdog/deploy/kubernetes"
+	"github.com/sglang-watchdog/sglang-watchdog/loopback"
+)
+
+// sidecarWant is what a pod's watchdog sidecar must run.
+type sidecarWant struct {
+	mode       string // --force-fail.mode
+	pluginBase int    // first plugin port
+	ranks      int    // --plugin.url count
+	secretName string // token Secret, when ranks > 0
+	image      string
+}
+
+// findSidecar returns the watchdog container of a pod spec, or false.
+func findSidecar(t *testing.T, name string, spec corev1.PodSpec) (corev1.Container, bool) {
+	t.Helper()
+	for _, c := range spec.Containers {
+		if c.Name == kubernetes.SidecarName {
+			t.Errorf("%s: %s is a regular container; it must be a native sidecar", name, c.Name)
+		}
+	}
+	var found []corev1.Container
+	for _, c := range spec.InitContainers {
+		if c.Name == kubernetes.SidecarName {
+			found = append(found, c)
+		}
+	}
+	if len(found) > 1 {
+		t.Fatalf("%s: %d %s containers", name, len(found), kubernetes.SidecarName)
+	}
+	if len(found) == 0 {
+		return corev1.Container{}, false
+	}
+	return found[0], true
+}
+
+func flagValues(args []string, name string) []string {
+	var out []string
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// checkSidecar checks the watchdog container of a pod spec: a locked-down
+// native sidecar whose args match want. Every arg is --flag=value; the
+// main module's tests parse the args of the committed renders with the real
+// flag set (deploy.SidecarArgs).
+func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWant) {
+	t.Helper()
+	c, ok := findSidecar(t, name, spec)
+	if !ok {
+		t.Errorf("%s: no %s init container", name, kubernetes.SidecarName)
+		return
+	}
+	if c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("%s: the sidecar needs restartPolicy: Always", name)
+	}
+	if want.image != "" && c.Image != want.image {
+		t.Errorf("%s: image %q, want %q", name, c.Image, want.image)
+	}
+	if c.ReadinessProbe != nil {
+		t.Errorf("%s: the sidecar must not have a readinessProbe (it would gate SGLang's readiness)", name)
+	}
+	for kind, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/-/healthy" || p.HTTPGet.Port.String() != "metrics" {
+			t.Errorf("%s: the sidecar needs a %s probe on /-/healthy, port metrics", name, kind)
+		}
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil ||
+		!reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("%s: the sidecar's securityContext is not locked down: %+v", name, sc)
+	}
+	if c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("%s: the sidecar needs a memory limit", name)
+	}
+	var port int32
+	for _, p := range c.Ports {
+		if p.Name == "metrics" {
+			port = p.ContainerPort
+		}
+	}
+	if got := flagValues(c.Args, "web.listen-address"); port == 0 || !reflect.DeepEqual(got, []string{":" + strconv.Itoa(int(port))}) {
+		t.Errorf("%s: --web.listen-address %q does not serve the named port metrics (%d)", name, got, port)
+	}
+	for _, a := range c.Args {
+		if !strings.HasPrefix(a, "--") || !strings.Contains(a, "=") {
+			t.Errorf("%s: argument %q: use --flag=value", name, a)
+		}
+		if _, v, _ := strings.Cut(a, "="); strings.Contains(v, "://") {
+			if err := loopback.Check(v); err != nil {
+				t.Errorf("%s: %s: %v", name, a, err)
+			}
+		}
+	}
+	if got := flagValues(c.Args, "force-fail.mode"); !reflect.DeepEqual(got, []string{want.mode}) {
+		t.Errorf("%s: --force-fail.mode %q, want %q", name, got, want.mode)
+	}
+	var urls []string
+	for i := range want.ranks {
+		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d", want.pluginBase+i))
+	}
+	if got := flagValues(c.Args, "plugin.url"); !reflect.DeepEqual(got, urls) {
+		t.Errorf("%s: --plugin.url %q, want one per rank %q", name, got, urls)
+	}
+	tokenFile := flagValues(c.Args, "plugin.token-file")
+	if want.ranks == 0 {
+		if len(tokenFile) != 0 {
+			t.Errorf("%s: no plugin, yet --plugin.token-file %q", name, tokenFile)
+		}
+		return
+	}
+	if !reflect.DeepEqual(tokenFile, []string{kubernetes.TokenPath}) {
+		t.Errorf("%s: --plugin.token-file %q, want %s", name, tokenFile, kubernetes.TokenPath)
+	}
+	checkTokenMount(t, name, spec, c, want.secretName)
+}
+
+// checkTokenMount checks that the token Secret is mounted read-only at the
+// token path in the sidecar and in the container that loads the plugin.
+func checkTokenMount(t *testing.T, name string, spec corev1.PodSpec, sidecar corev1.Container, secretName string) {
+	t.Helper()
+	var vol *corev1.Volume
+	for i, v := range spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == secretName {
+			vol = &spec.Volumes[i]
+		}
+	}
+	if vol == nil {
+		t.Errorf("%s: no volume of Secret %q", name, secretName)
+		return
+	}
+	mounted := func(c corev1.Container) bool {
+		for _, m := range c.VolumeMounts {
+			if m.Name == vol.Name && m.ReadOnly && m.SubPath == "" && m.MountPath+"/token" == kubernetes.TokenPath {
+				return true
+			}
+		}
+		return false
+	}
+	if !mounted(sidecar) {
+		t.Errorf("%s: the sidecar does not mount the token read-only at %s", name, kubernetes.TokenPath)
+	}
+	var plugin int
+	for _, c := range spec.Containers {
+		if !hasEnv(c, "SGLANG_PLUGINS", "sglang_watchdog") {
+			continue
+		}
+		plugin++
+		if !mounted(c) {
+			t.Errorf("%s: container %s loads the plugin but does not mount the token", name, c.Name)
+		}
+		if !hasEnv(c, "SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE", kubernetes.TokenPath) {
+			t.Errorf("%s: container %s lacks SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE=%s", name, c.Name, kubernetes.TokenPath)
+		}
+	}
+	if plugin == 0 {
+		t.Errorf("%s: the sidecar talks to a plugin, but no container sets SGLANG_PLUGINS=sglang_watchdog", name)
+	}
+}
+
+func hasEnv(c corev1.Container, name, value string) bool {
+	for _, e := range c.Env {
+		if e.Name == name && e.Value == value {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,13 @@
+# Sourced by scripts/deps-release.sh and scripts/release-snapshot.sh: the
+# versions of the packaging tools and where they are cached. The Go tests
+# of deploy/ look there too (or at $HELM / $PROMU when set).
+HELM_VERSION=v3.22.0
+# Minor version of the Kubernetes modules helm v3.22.0 builds with (k8s.io/* v0.37).
+HELM_K8S_MINOR=37
+PROMU_VERSION=v0.18.0
+# The interpreter that Debian's python3-build belongs to.
+DEB_PYTHON=/usr/bin/python3
+
+tool_path() { # name version
+	echo "${XDG_CACHE_HOME:-$HOME/.cache}/sglang-watchdog/bin/$1-$2/$1"
+}
