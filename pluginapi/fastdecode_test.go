@@ -43,7 +43,7 @@ func FuzzDecodeWireFast(f *testing.F) {
 
 func benchListingFuzzSeed() []byte {
 	inFlight, queue, queues := true, 3, 4
-	l := Listing{OrphanedTransfers: []OrphanedTransfer{{BootstrapRoom: 9, TransferQueue: &queue, OutstandingChunks: 2}},APIVersion: 1, Server: Server{PID: 7, DPRank: 1, DisaggregationMode: "prefill", Levers: []string{LeverAbort}, PPSize: 2, TransferQueues: &queues}, NowUnix: 1.5,
+	l := Listing{OrphanedTransfers: []OrphanedTransfer{{BootstrapRoom: 9, TransferQueue: &queue, OutstandingChunks: 2}}, APIVersion: 1, Server: Server{PID: 7, DPRank: 1, DisaggregationMode: "prefill", Levers: []string{LeverAbort}, PPSize: 2, TransferQueues: &queues}, NowUnix: 1.5,
 		Loop: Loop{Iterations: 1 << 60, LastIterationUnix: 2.25}, Queues: Queues{Inflight: 2},
 		Inflight: []Room{{RID: "x", BootstrapRoom: 1<<64 - 1, BootstrapAddr: "10.0.0.7:8998", Poll: PollTransferring, AgeSeconds: 3.5, PromptTokens: 9, Progress: 4,
 			TransferInFlight: &inFlight, TransferQueue: &queue},
