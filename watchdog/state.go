@@ -134,15 +134,15 @@ type rankState struct {
 
 	// Verdicts of the last successful cycle; kept while the source is down,
 	// so that a failing source never reads as "nothing stuck".
-	stuck   int
-	wedged  bool
+	stuck  int
+	wedged bool
 	// unactionable counts stuck requests by the skip reason that keeps
 	// them stuck (source_down, unsupported), as of the last evaluation.
 	unactionable map[string]int
-	byPoll  map[string]int
-	oldest  float64
-	dpLabel int
-	ppLabel int
+	byPoll       map[string]int
+	oldest       float64
+	dpLabel      int
+	ppLabel      int
 }
 
 // gaugeState tracks one SGLang queue gauge between /metrics reads.
