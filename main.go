@@ -62,6 +62,11 @@ type watchOptions struct {
 	mode                                       string
 	maxPerMinute                               int
 	confirmTimeout, adminTimeout               time.Duration
+	// run only: fail-fast behind a transfer wedge and restart escalation.
+	failFast           bool
+	failFastPerMinute  int
+	restartMode        string
+	restartMinInterval time.Duration
 }
 
 type options struct {
@@ -118,6 +123,10 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("plugin.timeout", "Timeout of one listing read; shorter than --watchdog.interval.").Default("800ms").DurationVar(&o.pluginTimeout)
 	runCmd.Flag("plugin.allow-remote", "Allow plugin and SGLang URLs that are not loopback addresses.").BoolVar(&o.allowRemote)
 	addWatchFlags(runCmd, &o.watch, "dry-run")
+	runCmd.Flag("force-fail.fail-fast", "Fail the requests queued behind a diagnosed transfer wedge at once, on every PP stage, instead of at the deadline (auto mode; dry runs in dry-run mode).").Default("true").BoolVar(&o.watch.failFast)
+	runCmd.Flag("force-fail.fail-fast-max-per-minute", "Most fail-fast requests over any 60 seconds, apart from --force-fail.max-per-minute.").Default("180").IntVar(&o.watch.failFastPerMinute)
+	runCmd.Flag("restart.mode", "Escalate a diagnosed transfer wedge to a restart of the SGLang server through the plugin: off, dry-run or auto.").Default("off").EnumVar(&o.watch.restartMode, "off", "dry-run", "auto")
+	runCmd.Flag("restart.min-interval", "Least time between two restarts of this pod; a process is never restarted twice.").Default("30m").DurationVar(&o.watch.restartMinInterval)
 	runCmd.Flag("alertmanager.webhook", "Serve POST "+alertwebhook.Path+": a firing "+alertwebhook.AlertName+" alert force-fails the stuck requests of its rank, through the same rails as auto mode.").BoolVar(&o.webhook)
 
 	inflightCmd := app.Command("inflight", "List every rank's inflight requests, oldest first.")
@@ -272,6 +281,11 @@ func watchdogConfig(o *options, logger log.Logger) (watchdog.Config, error) {
 		Mode:            mode,
 		MaxPerMinute:    w.maxPerMinute,
 		ConfirmTimeout:  w.confirmTimeout,
+
+		FailFast:           w.failFast,
+		FailFastPerMinute:  w.failFastPerMinute,
+		RestartMode:        watchdog.Mode(w.restartMode),
+		RestartMinInterval: w.restartMinInterval,
 	}
 	if o.metricsURL != "" {
 		cfg.Metrics = collector.NewMetricsScraper(o.metricsURL, o.metricsTimeout)
