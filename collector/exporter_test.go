@@ -50,7 +50,7 @@ func goldenSnapshot() watchdog.Snapshot {
 		Ranks: []watchdog.RankSnapshot{{
 			Target: "http://127.0.0.1:30100", TransferWedged: true, TransferWedges: 1,
 			Unactionable: map[string]int{watchdog.SkipSourceDown: 1, watchdog.SkipUnsupported: 0},
-			DPRank: 0, PPRank: 0, TPRank: 0,
+			DPRank:       0, PPRank: 0, TPRank: 0,
 			Queues: pluginapi.Queues{Bootstrap: 2, Waiting: 0, Inflight: 3},
 			ByPoll: byPoll, OldestAge: 812.5, Stuck: 1, LoopStall: 250 * time.Millisecond,
 			AgeBuckets: []uint64{1, 4, 9, 15, 18, 19, 19, 19, 19, 20, 20}, AgeCount: 21, AgeSum: 4000,
