@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"time"
 
 	"github.com/go-kit/log/level"
 
@@ -86,7 +87,7 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		return nil
 	}
 	dry := e.mode == ModeDryRun
-	reason := fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, room %d) since %s", e.queue, e.wedge.rule, e.wedge.room, e.wedge.since.UTC().Format("15:04:05"))
+	reason := fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, room %d) for %s", e.queue, e.wedge.rule, e.wedge.room, w.clock.Now().Sub(e.wedge.since).Round(time.Second))
 	var (
 		status int
 		resp   *pluginapi.RestartResponse
