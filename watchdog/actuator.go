@@ -345,6 +345,9 @@ func stageDetail(answers []stageAnswer) string {
 			res = a.resp.Result
 		}
 		parts[i] = fmt.Sprintf("pp%d=%s(%d)", a.rank.ppLabel, res, a.status)
+		if a.resp != nil && len(a.resp.Levers) > 0 {
+			parts[i] += "[" + strings.Join(a.resp.Levers, ",") + "]"
+		}
 		if a.err != nil {
 			parts[i] += ": " + a.err.Error()
 		} else if a.resp != nil && a.resp.Error != "" {

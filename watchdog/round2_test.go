@@ -621,6 +621,32 @@ func TestFailFastOffAndBudget(t *testing.T) {
 	}
 }
 
+func TestFailFastOnEveryPPStage(t *testing.T) {
+	stages := ppStages(0, 2)
+	h := newMulti(t, stages, func(c *Config) { c.FailFast, c.FailFastPerMinute = true, 100 })
+	// Stage 0's queue 2 is wedged; stage 1 has no wedge of its own.
+	stages[0].orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
+	stages[0].set(r2room("old", 2, 0, 2, false))
+	stages[1].set(r2room("old", 2, 0, 1, false))
+	h.tick(31)
+	if w, _ := wedgeState(h, 0); !w {
+		t.Fatal("setup: no wedge on stage 0")
+	}
+	stages[0].set(r2room("behind", 10, 0, 2, false))
+	stages[1].set(r2room("behind", 10, 0, 1, false))
+	h.tick(1)
+	if calledRIDs(stages[0])["behind"] != 1 || calledRIDs(stages[1])["behind"] != 1 {
+		t.Fatalf("calls %v, %v; want the request failed on both stages", calledRIDs(stages[0]), calledRIDs(stages[1]))
+	}
+	if holds(stages[0], "behind") || holds(stages[1], "behind") {
+		t.Fatal("the request was not released on both stages")
+	}
+	evs := h.eventsOf(EventForceFail)
+	if last := evs[len(evs)-1]; last.Trigger != TriggerFailFast || !strings.Contains(last.Stages, "pp1=flipped(200)[abort]") {
+		t.Fatalf("event %+v", last)
+	}
+}
+
 // --- Restart escalation ------------------------------------------------------
 
 func wedgedRank(target string, dp, pid int) *fakePlugin {
