@@ -63,7 +63,9 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 			continue
 		}
 		for key, r := range rk.rooms {
-			failFast := onRank == nil && w.cfg.FailFast && !r.stuck && failFastEligible(r, rk)
+			// A room behind a diagnosed wedge is failed as such even once it
+			// is old enough to be stuck: it waits on the same dead worker.
+			failFast := onRank == nil && w.cfg.FailFast && w.mode != ModeOff && failFastEligible(r, rk)
 			if !r.stuck && !failFast {
 				continue
 			}

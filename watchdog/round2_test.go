@@ -607,6 +607,11 @@ func TestFailFastOffAndBudget(t *testing.T) {
 	if len(calledRIDs(p)) != 0 {
 		t.Fatal("fail-fast acted with its flag off")
 	}
+	h, p = failFastRank(t, func(c *Config) { c.FailFast, c.FailFastPerMinute, c.Mode = true, 100, ModeOff })
+	h.tick(2)
+	if len(calledRIDs(p)) != 0 || h.wd.Snapshot().Skips[SkipModeOff] != 0 {
+		t.Fatalf("mode off: calls %v, skips %v; want nothing, and no stuck request to count", calledRIDs(p), h.wd.Snapshot().Skips)
+	}
 	// A budget of 1 per minute, apart from max-per-minute.
 	h, p = failFastRank(t, func(c *Config) { c.FailFast, c.FailFastPerMinute, c.MaxPerMinute = true, 1, 6 })
 	h.tick(2)
