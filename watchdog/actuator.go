@@ -20,11 +20,18 @@ import (
 // and the restart escalation.
 
 // stageView is one PP stage of a request as seen when the decision was made.
+// The rank's own fields are copied here under w.mu, so that the actuator
+// (which may run for the webhook while a cycle observes) never reads them
+// unlocked.
 type stageView struct {
-	rank     *rankState
-	poll     string
-	progress int64
-	inFlight bool
+	rank        *rankState
+	poll        string
+	progress    int64
+	inFlight    bool
+	pid         int
+	iterations  uint64
+	unsupported bool
+	leverNote   string
 }
 
 // candidate is a request to act on: stuck on one of its stages, or queued
@@ -113,7 +120,8 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 			continue
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
-			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlight: r.inFlightKnown && r.inFlight})
+			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlight: r.inFlightKnown && r.inFlight,
+				pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked
@@ -196,8 +204,8 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		return w.skip(c, SkipSourceDown, trigger, "a stage of the request's DP rank is down or its loop is wedged: "+c.blocked)
 	}
 	for _, s := range c.stages {
-		if s.rank.unsupported() {
-			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.rank.server.LeverNote)
+		if s.unsupported {
+			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
 		}
 	}
 	// The re-reads below cost the plugins a full listing each: only make
@@ -222,8 +230,8 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 			continue
 		}
 		movedInFlight := c.failFast && (now.TransferInFlight == nil || *now.TransferInFlight)
-		if now.Poll != s.poll || now.Progress != s.progress || movedInFlight || now.HealthCheck || l.Loop.Iterations < s.rank.iterations ||
-			l.Server.PID != s.rank.server.PID || (now.TransferInFlight != nil && *now.TransferInFlight != s.inFlight) {
+		if now.Poll != s.poll || now.Progress != s.progress || movedInFlight || now.HealthCheck || l.Loop.Iterations < s.iterations ||
+			l.Server.PID != s.pid || (now.TransferInFlight != nil && *now.TransferInFlight != s.inFlight) {
 			return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.Poll, s.progress, now.Progress))
 		}
 		targets = append(targets, s)

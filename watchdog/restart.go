@@ -30,11 +30,12 @@ type procKey struct {
 
 // escalation is a rank whose diagnosed wedge may be escalated.
 type escalation struct {
-	rank  *rankState
-	proc  procKey
-	queue int
-	wedge transferWedge
-	mode  Mode
+	rank       *rankState
+	proc       procKey
+	iterations uint64
+	queue      int
+	wedge      transferWedge
+	mode       Mode
 }
 
 // restartCandidate picks the rank to restart this cycle, if any. Caller
@@ -65,7 +66,7 @@ func (w *Watchdog) restartCandidate() *escalation {
 			continue
 		}
 		sort.Ints(queues)
-		return &escalation{rank: rk, proc: proc, queue: queues[0], wedge: *rk.wedges[queues[0]], mode: mode}
+		return &escalation{rank: rk, proc: proc, iterations: rk.iterations, queue: queues[0], wedge: *rk.wedges[queues[0]], mode: mode}
 	}
 	return nil
 }
@@ -81,7 +82,7 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		level.Warn(w.logger).Log("msg", "restart not requested: re-reading the listing failed", "target", rk.status.target, "err", err)
 		return nil
 	}
-	if l.Server.PID != e.proc.pid || l.Loop.Iterations < rk.iterations || !wedgeEvidence(l, e.wedge.room) {
+	if l.Server.PID != e.proc.pid || l.Loop.Iterations < e.iterations || !wedgeEvidence(l, e.wedge.room) {
 		level.Info(w.logger).Log("msg", "restart not requested: the wedge's evidence is gone on re-read", "target", rk.status.target,
 			"pid", l.Server.PID, "transfer_queue", e.queue, "room", e.wedge.room)
 		return nil

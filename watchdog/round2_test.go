@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-kit/log"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
@@ -764,5 +767,43 @@ func TestRestartNeedsTheEvidenceOnReRead(t *testing.T) {
 	h.tick(1)
 	if p.restartCount() != 0 {
 		t.Fatal("restarted although the re-read showed the wedge gone")
+	}
+}
+
+// syncBuffer is a log sink for tests.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) count(sub string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), sub)
+}
+
+func TestLoudOnceNoLeverAndMissingStages(t *testing.T) {
+	var logs syncBuffer
+	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p.server.Levers, p.server.LeverNote, p.server.PPSize = []string{}, "mid-2025 NIXL", 2
+	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Logger = log.NewLogfmtLogger(&logs) })
+	h.tick(30)
+	if n := logs.count("no force-fail lever works"); n != 1 {
+		t.Fatalf("%d 'no lever' lines in 30 cycles, want 1", n)
+	}
+	if n := logs.count("PP stages of a DP rank are not watched"); n != 1 {
+		t.Fatalf("%d missing-stage lines in 30 cycles, want 1", n)
+	}
+	// A new process says it again.
+	p.server.PID = 43
+	h.tick(1)
+	if n := logs.count("no force-fail lever works"); n != 2 || !strings.Contains(logs.b.String(), `lever_note="mid-2025 NIXL"`) {
+		t.Fatalf("%d 'no lever' lines after a restart, want 2", n)
 	}
 }

@@ -105,6 +105,9 @@ type Watchdog struct {
 	// collisions is the number of targets per (dp_rank, pp_rank), for
 	// logging transitions.
 	collisions map[[2]int]int
+	// missingStages is, per DP rank, how many PP stages its listings
+	// report beyond those watched, for logging changes.
+	missingStages map[int]int
 
 	forceFails map[[2]string]uint64 // result, trigger
 	skips      map[string]uint64
@@ -140,18 +143,19 @@ func New(cfg Config) (*Watchdog, error) {
 		return nil, err
 	}
 	w := &Watchdog{
-		cfg:        cfg,
-		logger:     cfg.Logger,
-		clock:      cfg.Clock,
-		mode:       cfg.Mode,
-		forceFails: map[[2]string]uint64{},
-		skips:      map[string]uint64{},
-		webhook:    map[string]uint64{},
-		scrapeNow:  make(chan struct{}, 1),
-		requests:   map[reqKey]*reqState{},
-		collisions: map[[2]int]int{},
-		restarts:   map[string]uint64{},
-		restarted:  map[procKey]bool{},
+		cfg:           cfg,
+		logger:        cfg.Logger,
+		clock:         cfg.Clock,
+		mode:          cfg.Mode,
+		forceFails:    map[[2]string]uint64{},
+		skips:         map[string]uint64{},
+		webhook:       map[string]uint64{},
+		scrapeNow:     make(chan struct{}, 1),
+		requests:      map[reqKey]*reqState{},
+		collisions:    map[[2]int]int{},
+		missingStages: map[int]int{},
+		restarts:      map[string]uint64{},
+		restarted:     map[procKey]bool{},
 	}
 	for _, p := range cfg.Plugins {
 		w.ranks = append(w.ranks, &rankState{
@@ -355,6 +359,7 @@ func (w *Watchdog) RunCycle(ctx context.Context) {
 		events = append(events, w.observeListing(rk, results[i], now)...)
 	}
 	events = append(events, w.checkCollisions()...)
+	w.checkStages()
 	w.pruneRequests()
 	events = append(events, w.confirm(now)...)
 	if w.metrics == nil {
@@ -605,6 +610,32 @@ func (w *Watchdog) checkCollisions() []Event {
 		w.collisions[k] = len(targets)
 	}
 	return events
+}
+
+// checkStages warns, once per change, when a DP rank's listings report
+// more PP stages than the watchdog reads: a request is released only when
+// every stage fails it, so the missing stages' URLs must be configured.
+// Caller holds w.mu.
+func (w *Watchdog) checkStages() {
+	size, seen := map[int]int{}, map[int]map[int]bool{}
+	for _, rk := range w.ranks {
+		if !rk.listed {
+			continue
+		}
+		size[rk.dpLabel] = max(size[rk.dpLabel], rk.server.PPSize)
+		if seen[rk.dpLabel] == nil {
+			seen[rk.dpLabel] = map[int]bool{}
+		}
+		seen[rk.dpLabel][rk.ppLabel] = true
+	}
+	for dp, n := range size {
+		missing := max(0, n-len(seen[dp]))
+		if missing > 0 && w.missingStages[dp] != missing {
+			level.Error(w.logger).Log("msg", "PP stages of a DP rank are not watched: force-fails on this DP rank cannot release anything; add a --plugin.url per stage",
+				"dp_rank", dp, "pp_size", n, "stages_watched", len(seen[dp]))
+		}
+		w.missingStages[dp] = missing
+	}
 }
 
 // pruneRequests forgets the bookkeeping of requests no stage holds any
