@@ -109,6 +109,11 @@ type watchOptions struct {
 	mode                                       string
 	maxPerMinute                               int
 	confirmTimeout, adminTimeout               time.Duration
+	// run only: fail-fast behind a transfer wedge and restart escalation.
+	failFast           bool
+	failFastPerMinute  int
+	restartMode        string
+	restartMinInterval time.Duration
 }
 
 type options struct {
@@ -171,6 +176,10 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for https plugin URLs (the tls_config block of Prometheus: ca_file, cert_file, key_file, server_name, insecure_skip_verify, min_version).").StringVar(&o.pluginTLSFile)
 	runCmd.Flag("plugin.allow-remote", "Allow plugin and SGLang URLs that are not loopback addresses.").BoolVar(&o.allowRemote)
 	addWatchFlags(runCmd, &o.watch, "dry-run")
+	runCmd.Flag("force-fail.fail-fast", "Fail the requests queued behind a diagnosed transfer wedge at once, on every PP stage, instead of at the deadline (auto mode; dry runs in dry-run mode).").Default("true").BoolVar(&o.watch.failFast)
+	runCmd.Flag("force-fail.fail-fast-max-per-minute", "Most fail-fast requests over any 60 seconds, apart from --force-fail.max-per-minute.").Default("180").IntVar(&o.watch.failFastPerMinute)
+	runCmd.Flag("restart.mode", "Escalate a diagnosed transfer wedge to a restart of the SGLang server through the plugin: off, dry-run or auto.").Default("off").EnumVar(&o.watch.restartMode, "off", "dry-run", "auto")
+	runCmd.Flag("restart.min-interval", "Least time between two restarts of this pod; a process is never restarted twice.").Default("30m").DurationVar(&o.watch.restartMinInterval)
 	runCmd.Flag("alertmanager.webhook", "Serve POST "+alertwebhook.Path+": a firing "+alertwebhook.AlertName+" alert about this watchdog force-fails the stuck requests of its rank, through the same rails as auto mode. Needs --alertmanager.webhook.token-file and --alertmanager.webhook.match-label.").BoolVar(&o.webhook)
 	runCmd.Flag("alertmanager.webhook.token-file", "File holding the bearer token Alertmanager must send to the webhook; re-read on every delivery.").StringVar(&o.webhookTokenFile)
 	runCmd.Flag("alertmanager.webhook.match-label", "NAME=VALUE that an alert must carry to be acted on, naming this watchdog, e.g. pod=$(POD_NAME) (repeatable; all must match).").StringsVar(&o.webhookMatch)
@@ -453,6 +462,11 @@ func watchdogConfig(o *options, logger log.Logger) (watchdog.Config, error) {
 		Mode:            mode,
 		MaxPerMinute:    w.maxPerMinute,
 		ConfirmTimeout:  w.confirmTimeout,
+
+		FailFast:           w.failFast,
+		FailFastPerMinute:  w.failFastPerMinute,
+		RestartMode:        watchdog.Mode(w.restartMode),
+		RestartMinInterval: w.restartMinInterval,
 	}
 	if metricsURL != "" {
 		cfg.Metrics = collector.NewMetricsScraper(metricsURL, metricsTimeout)

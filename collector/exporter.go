@@ -1,6 +1,8 @@
 package collector
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +27,8 @@ type Exporter struct {
 	gaugePinned, gaugeUnchanged, sinceProgress, loopStall, wedged *prometheus.Desc
 	forceFails, skips, mode, tracked, limitHits, lastCycle        *prometheus.Desc
 	webhook                                                       *prometheus.Desc
+	transferWedged, transferWedges, restarts, rankTargets         *prometheus.Desc
+	unactionable                                                  *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -60,6 +64,15 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		limitHits: desc("room_limit_hits_total", "Listings that held more rooms than the room limit; the excess was not tracked and is never acted on."),
 		lastCycle: desc("last_cycle_duration_seconds", "Duration of the last watch cycle: listing reads, decisions and admin calls."),
 		webhook:   desc("alert_webhook_requests_total", "Alertmanager webhook deliveries by result (accepted, ignored, bad_request, disabled).", "result"),
+		transferWedged: desc("transfer_wedged", "1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from the plugin's transfer fields, or suspected from two or more stuck Transferring rooms with an older plugin). Only a restart clears it.",
+			rank...),
+		transferWedges: desc("transfer_wedges_total", "Transfer queue wedges diagnosed or suspected on this rank.", rank...),
+		restarts: desc("restarts_total", "Restart escalations of a diagnosed transfer wedge by result (restarted, would_restart, disabled, unsupported, rejected, error).",
+			"result"),
+		rankTargets: desc("rank_targets", "Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.",
+			rank...),
+		unactionable: desc("stuck_unactionable_requests", "Stuck requests the watchdog cannot force-fail, by reason: source_down (the listing re-read before the call, on some PP stage, failed: the source flaps) or unsupported (no lever works on this SGLang).",
+			append(rank, "reason")...),
 	}
 }
 
@@ -69,6 +82,7 @@ func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
 		e.scrapeSuccess, e.scrapeDuration, e.scrapeFailures, e.queueRequests, e.inflightRequests, e.oldestAge,
 		e.ageHist, e.stuck, e.gaugePinned, e.gaugeUnchanged, e.sinceProgress, e.loopStall, e.wedged,
 		e.forceFails, e.skips, e.mode, e.tracked, e.limitHits, e.lastCycle, e.webhook,
+		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable,
 	} {
 		ch <- d
 	}
@@ -98,13 +112,8 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	buckets := watchdog.AgeBuckets()
-	seenRank := map[[2]int]bool{}
-	for _, r := range s.Ranks {
-		// Two URLs that reach the same rank would export clashing series.
-		if seenRank[[2]int{r.DPRank, r.PPRank}] {
-			continue
-		}
-		seenRank[[2]int{r.DPRank, r.PPRank}] = true
+	ranks, targets := mergeRanks(s.Ranks)
+	for i, r := range ranks {
 		dp, pp, tp := strconv.Itoa(r.DPRank), strconv.Itoa(r.PPRank), strconv.Itoa(r.TPRank)
 		gauge(e.queueRequests, float64(r.Queues.Inflight), "plugin", watchdog.QueuePrefillInflight, dp, pp, tp)
 		gauge(e.queueRequests, float64(r.Queues.Bootstrap), "plugin", watchdog.QueuePrefillBootstrap, dp, pp, tp)
@@ -116,6 +125,12 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 		gauge(e.stuck, float64(r.Stuck), dp, pp)
 		gauge(e.loopStall, r.LoopStall.Seconds(), dp, pp)
 		gauge(e.wedged, boolValue(r.Wedged), dp, pp)
+		gauge(e.transferWedged, boolValue(r.TransferWedged), dp, pp)
+		counter(e.transferWedges, float64(r.TransferWedges), dp, pp)
+		gauge(e.rankTargets, float64(targets[i]), dp, pp)
+		for _, reason := range watchdog.UnactionableReasons {
+			gauge(e.unactionable, float64(r.Unactionable[reason]), dp, pp, reason)
+		}
 		cum := make(map[float64]uint64, len(buckets))
 		for i, b := range buckets {
 			cum[b] = r.AgeBuckets[i]
@@ -150,4 +165,54 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range watchdog.WebhookResults {
 		counter(e.webhook, float64(s.Webhook[r]), r)
 	}
+	for _, r := range watchdog.RestartResults {
+		counter(e.restarts, float64(s.Restarts[r]), r)
+	}
+}
+
+// mergeRanks folds ranks that report the same dp_rank and pp_rank (two
+// URLs reaching one rank, or a wrong port mapping) into one, so that their
+// series never clash and nothing is dropped: counts add up, ages, stalls
+// and verdicts take the worst. It also returns how many targets each
+// merged rank has.
+func mergeRanks(in []watchdog.RankSnapshot) ([]watchdog.RankSnapshot, []int) {
+	var out []watchdog.RankSnapshot
+	var targets []int
+	at := map[[2]int]int{}
+	for _, r := range in {
+		k := [2]int{r.DPRank, r.PPRank}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			r.ByPoll = maps.Clone(r.ByPoll)
+			r.Unactionable = maps.Clone(r.Unactionable)
+			r.AgeBuckets = slices.Clone(r.AgeBuckets)
+			out = append(out, r)
+			targets = append(targets, 1)
+			continue
+		}
+		m := &out[i]
+		targets[i]++
+		m.Queues.Inflight += r.Queues.Inflight
+		m.Queues.Bootstrap += r.Queues.Bootstrap
+		m.Queues.Waiting += r.Queues.Waiting
+		for p, n := range r.ByPoll {
+			m.ByPoll[p] += n
+		}
+		for reason, n := range r.Unactionable {
+			m.Unactionable[reason] += n
+		}
+		m.OldestAge = max(m.OldestAge, r.OldestAge)
+		m.Stuck += r.Stuck
+		m.LoopStall = max(m.LoopStall, r.LoopStall)
+		m.Wedged = m.Wedged || r.Wedged
+		m.TransferWedged = m.TransferWedged || r.TransferWedged
+		m.TransferWedges += r.TransferWedges
+		for j := range m.AgeBuckets {
+			m.AgeBuckets[j] += r.AgeBuckets[j]
+		}
+		m.AgeCount += r.AgeCount
+		m.AgeSum += r.AgeSum
+	}
+	return out, targets
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,7 +48,9 @@ func goldenSnapshot() watchdog.Snapshot {
 			{Source: "plugin", Target: "http://127.0.0.1:30101", Up: false, Duration: 800 * time.Millisecond, Failures: 4},
 		},
 		Ranks: []watchdog.RankSnapshot{{
-			DPRank: 0, PPRank: 0, TPRank: 0,
+			Target: "http://127.0.0.1:30100", TransferWedged: true, TransferWedges: 1,
+			Unactionable: map[string]int{watchdog.SkipSourceDown: 1, watchdog.SkipUnsupported: 0},
+			DPRank:       0, PPRank: 0, TPRank: 0,
 			Queues: pluginapi.Queues{Bootstrap: 2, Waiting: 0, Inflight: 3},
 			ByPoll: byPoll, OldestAge: 812.5, Stuck: 1, LoopStall: 250 * time.Millisecond,
 			AgeBuckets: []uint64{1, 4, 9, 15, 18, 19, 19, 19, 19, 20, 20}, AgeCount: 21, AgeSum: 4000,
@@ -60,6 +63,7 @@ func goldenSnapshot() watchdog.Snapshot {
 		ForceFails:     ff,
 		Skips:          skips,
 		Webhook:        map[string]uint64{watchdog.WebhookAccepted: 2},
+		Restarts:       map[string]uint64{watchdog.RestartRestarted: 1},
 		TrackedRooms:   3,
 		RoomLimitHits:  0,
 		LastCycle:      5 * time.Millisecond,
@@ -103,5 +107,39 @@ func TestExporterGolden(t *testing.T) {
 	cmd.Stdin = bytes.NewReader(want)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("promtool check metrics: %v\n%s", err, out)
+	}
+}
+
+// Two URLs that report the same dp_rank/pp_rank: the second one's stuck
+// requests must show, and the collision too (docs/hardening.md).
+func TestExporterNeverHidesACollidingRank(t *testing.T) {
+	snap := goldenSnapshot()
+	second := snap.Ranks[0]
+	second.Target = "http://127.0.0.1:30101"
+	second.Stuck, second.TransferWedged, second.OldestAge = 2, false, 900
+	second.ByPoll = map[string]int{pluginapi.PollTransferring: 2}
+	snap.Ranks[0].Stuck = 0
+	snap.Ranks = append(snap.Ranks, second)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewExporter(func() watchdog.Snapshot { return snap }))
+	want := `# HELP sglang_watchdog_stuck_requests Inflight requests older than the deadline whose poll state and progress have not changed for the stall window while the scheduler loop kept running.
+# TYPE sglang_watchdog_stuck_requests gauge
+sglang_watchdog_stuck_requests{dp_rank="0",pp_rank="0"} 2
+# HELP sglang_watchdog_rank_targets Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.
+# TYPE sglang_watchdog_rank_targets gauge
+sglang_watchdog_rank_targets{dp_rank="0",pp_rank="0"} 2
+# HELP sglang_watchdog_inflight_oldest_age_seconds Age of the oldest request in the prefill inflight queue; 0 when the queue is empty.
+# TYPE sglang_watchdog_inflight_oldest_age_seconds gauge
+sglang_watchdog_inflight_oldest_age_seconds{dp_rank="0",pp_rank="0"} 900
+# HELP sglang_watchdog_transfer_wedged 1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from the plugin's transfer fields, or suspected from two or more stuck Transferring rooms with an older plugin). Only a restart clears it.
+# TYPE sglang_watchdog_transfer_wedged gauge
+sglang_watchdog_transfer_wedged{dp_rank="0",pp_rank="0"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sglang_watchdog_stuck_requests", "sglang_watchdog_rank_targets",
+		"sglang_watchdog_inflight_oldest_age_seconds", "sglang_watchdog_transfer_wedged"); err != nil {
+		t.Fatal(err)
+	}
+	if snap.Ranks[0].ByPoll[pluginapi.PollTransferring] != 2 {
+		t.Fatal("merging changed the snapshot it was given")
 	}
 }

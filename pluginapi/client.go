@@ -141,15 +141,38 @@ func (c *Client) Inflight(ctx context.Context) (*Listing, error) {
 // back (transport failure, timeout, unreadable body); otherwise status and
 // the decoded body are returned whatever the status.
 func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *ForceFailResponse, error) {
+	var out ForceFailResponse
+	status, err := c.post(ctx, PathForceFail, order, &out, func() bool { return out.Result != "" })
+	if err != nil {
+		return status, nil, err
+	}
+	return status, &out, nil
+}
+
+// Restart posts POST /admin/restart (round 2), bounded by the admin timeout.
+// An older plugin answers 404 with no usable body: that is an error here,
+// with the status, and the caller reports it as unsupported.
+func (c *Client) Restart(ctx context.Context, order RestartRequest) (int, *RestartResponse, error) {
+	var out RestartResponse
+	status, err := c.post(ctx, PathRestart, order, &out, func() bool { return out.Result != "" })
+	if err != nil {
+		return status, nil, err
+	}
+	return status, &out, nil
+}
+
+// post sends one admin call and decodes its answer into out; usable tells
+// whether the decoded body is an answer of the contract.
+func (c *Client) post(ctx context.Context, path string, in, out any, usable func() bool) (int, error) {
 	ctx, cancel := withTimeout(ctx, c.admin)
 	defer cancel()
-	payload, err := json.Marshal(order)
+	payload, err := json.Marshal(in)
 	if err != nil {
-		return 0, nil, err
+		return 0, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+PathForceFail, bytes.NewReader(payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(payload))
 	if err != nil {
-		return 0, nil, fmt.Errorf("plugin %s: %w", c.base, err)
+		return 0, fmt.Errorf("plugin %s: %w", c.base, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if c.token != "" {
@@ -157,15 +180,14 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 	}
 	resp, err := c.adminHTTP.Do(req)
 	if err != nil {
-		return 0, nil, fmt.Errorf("plugin %s%s: %w", c.base, PathForceFail, err)
+		return 0, fmt.Errorf("plugin %s%s: %w", c.base, path, err)
 	}
 	defer resp.Body.Close()
 	body, err := c.readBody(resp.Body)
 	if err != nil {
-		return resp.StatusCode, nil, fmt.Errorf("plugin %s%s: %w", c.base, PathForceFail, err)
+		return resp.StatusCode, fmt.Errorf("plugin %s%s: %w", c.base, path, err)
 	}
-	var out ForceFailResponse
-	if err := json.Unmarshal(body, &out); err != nil || out.Result == "" {
+	if err := json.Unmarshal(body, out); err != nil || !usable() {
 		// Something in between may echo the request's headers. The
 		// transport may have set the token itself: take it from the
 		// request that was sent.
@@ -174,9 +196,9 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 				body = bytes.ReplaceAll(body, []byte(secret), []byte("[REDACTED]"))
 			}
 		}
-		return resp.StatusCode, nil, fmt.Errorf("plugin %s%s: HTTP %d with an unusable body: %s", c.base, PathForceFail, resp.StatusCode, snippet(body))
+		return resp.StatusCode, fmt.Errorf("plugin %s%s: HTTP %d with an unusable body: %s", c.base, path, resp.StatusCode, snippet(body))
 	}
-	return resp.StatusCode, &out, nil
+	return resp.StatusCode, nil
 }
 
 // sentCredentials returns the credentials of the Authorization header of
@@ -198,6 +220,8 @@ type wireListing struct {
 	Loop       *Loop   `json:"loop"`
 	Queues     Queues  `json:"queues"`
 	Inflight   *[]Room `json:"inflight"`
+	// OrphanedTransfers stays nil when absent or null (older plugin).
+	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
 }
 
 var validPoll = map[string]bool{
@@ -227,6 +251,9 @@ func DecodeListing(body []byte) (*Listing, error) {
 	case w.Inflight == nil:
 		return nil, errors.New("listing has no inflight array")
 	}
+	if err := validateServer(w.Server); err != nil {
+		return nil, err
+	}
 	rooms := *w.Inflight
 	for i := range rooms {
 		r := &rooms[i]
@@ -240,15 +267,60 @@ func DecodeListing(body []byte) (*Listing, error) {
 		case r.Progress < -1:
 			return nil, fmt.Errorf("inflight[%d] (rid %q) has progress %d, want >= -1", i, r.RID, r.Progress)
 		}
+		if err := validateQueue(r.TransferQueue, w.Server.TransferQueues); err != nil {
+			return nil, fmt.Errorf("inflight[%d] (rid %q) has %w", i, r.RID, err)
+		}
+	}
+	for i, o := range w.OrphanedTransfers {
+		if o.OutstandingChunks < 1 {
+			return nil, fmt.Errorf("orphaned_transfers[%d] (room %d) has outstanding_chunks %d, want >= 1", i, o.BootstrapRoom, o.OutstandingChunks)
+		}
+		if err := validateQueue(o.TransferQueue, w.Server.TransferQueues); err != nil {
+			return nil, fmt.Errorf("orphaned_transfers[%d] (room %d) has %w", i, o.BootstrapRoom, err)
+		}
 	}
 	return &Listing{
-		APIVersion: *w.APIVersion,
-		Server:     *w.Server,
-		NowUnix:    w.NowUnix,
-		Loop:       *w.Loop,
-		Queues:     w.Queues,
-		Inflight:   rooms,
+		APIVersion:        *w.APIVersion,
+		Server:            *w.Server,
+		NowUnix:           w.NowUnix,
+		Loop:              *w.Loop,
+		Queues:            w.Queues,
+		Inflight:          rooms,
+		OrphanedTransfers: w.OrphanedTransfers,
 	}, nil
+}
+
+// validateServer checks the round-2 fields of server; absent ones are
+// unknown and pass.
+func validateServer(s *Server) error {
+	switch {
+	case s.PPSize < 0:
+		return fmt.Errorf("server has pp_size %d, want >= 1", s.PPSize)
+	case s.PPSize > 0 && (s.PPRank < 0 || s.PPRank >= s.PPSize):
+		return fmt.Errorf("server has pp_rank %d outside pp_size %d", s.PPRank, s.PPSize)
+	case s.TransferQueues != nil && *s.TransferQueues < 1:
+		return fmt.Errorf("server has transfer_queues %d, want >= 1 or null", *s.TransferQueues)
+	}
+	for i, l := range s.Levers {
+		if l == "" {
+			return fmt.Errorf("server has an empty levers[%d]", i)
+		}
+	}
+	return nil
+}
+
+// validateQueue checks a transfer_queue index against the queue count
+// when both are known.
+func validateQueue(q, queues *int) error {
+	switch {
+	case q == nil:
+		return nil
+	case *q < 0:
+		return fmt.Errorf("transfer_queue %d, want >= 0 or null", *q)
+	case queues != nil && *q >= *queues:
+		return fmt.Errorf("transfer_queue %d, but server.transfer_queues is %d", *q, *queues)
+	}
+	return nil
 }
 
 func snippet(b []byte) string {

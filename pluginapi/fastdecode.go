@@ -148,6 +148,67 @@ func (d *fastDecoder) float64v() (float64, bool) {
 	return v, err == nil
 }
 
+// null consumes a JSON null, which encoding/json decodes into a nil
+// pointer or slice.
+func (d *fastDecoder) null() bool {
+	d.ws()
+	if len(d.b)-d.i >= 4 && string(d.b[d.i:d.i+4]) == "null" {
+		d.i += 4
+		return true
+	}
+	return false
+}
+
+func (d *fastDecoder) intPtr() (*int, bool) {
+	if d.null() {
+		return nil, true
+	}
+	v, ok := d.intv()
+	return &v, ok
+}
+
+func (d *fastDecoder) boolPtr() (*bool, bool) {
+	if d.null() {
+		return nil, true
+	}
+	v, ok := d.boolv()
+	return &v, ok
+}
+
+// once reports false for a key seen before: a repeated object or array
+// would be merged by encoding/json, so such bodies are left to it.
+func (d *fastDecoder) once(key string) bool {
+	for _, k := range d.seen {
+		if k == key {
+			return false
+		}
+	}
+	d.seen = append(d.seen, key)
+	return true
+}
+
+// array parses [elem, ...] or null (nil); elem parses one element.
+func (d *fastDecoder) array(elem func() bool) (isNull, ok bool) {
+	if d.null() {
+		return true, true
+	}
+	if !d.consume('[') {
+		return false, false
+	}
+	if d.consume(']') {
+		return false, true
+	}
+	for {
+		if !elem() {
+			return false, false
+		}
+		if d.consume(',') {
+			continue
+		}
+		return false, d.consume(']')
+	}
+}
+
 func (d *fastDecoder) boolv() (bool, bool) {
 	d.ws()
 	switch {
@@ -188,13 +249,10 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 		// A repeated object or array would be merged by encoding/json;
 		// leave such bodies to it.
 		switch string(key) {
-		case "server", "loop", "inflight":
-			for _, k := range d.seen {
-				if k == string(key) {
-					return false
-				}
+		case "server", "loop", "inflight", "orphaned_transfers":
+			if !d.once(string(key)) {
+				return false
 			}
-			d.seen = append(d.seen, string(key))
 		}
 		switch string(key) {
 		case "api_version":
@@ -238,6 +296,8 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 			var rooms []Room
 			rooms, ok = d.rooms()
 			w.Inflight = &rooms
+		case "orphaned_transfers":
+			w.OrphanedTransfers, ok = d.orphans()
 		}
 		return ok
 	}
@@ -261,6 +321,27 @@ func (d *fastDecoder) server(s *Server) func([]byte) bool {
 			s.TransferBackend, ok = d.str()
 		case "sglang_version":
 			s.SGLangVersion, ok = d.str()
+		case "levers":
+			if !d.once("server.levers") {
+				return false
+			}
+			levers := []string{}
+			var isNull bool
+			isNull, ok = d.array(func() bool {
+				v, ok := d.str()
+				levers = append(levers, v)
+				return ok
+			})
+			s.Levers = levers
+			if isNull {
+				s.Levers = nil
+			}
+		case "lever_note":
+			s.LeverNote, ok = d.str()
+		case "pp_size":
+			s.PPSize, ok = d.intv()
+		case "transfer_queues":
+			s.TransferQueues, ok = d.intPtr()
 		}
 		return ok
 	}
@@ -317,6 +398,10 @@ func (d *fastDecoder) rooms() ([]Room, bool) {
 				r.SendFailed, ok = d.boolv()
 			case "health_check":
 				r.HealthCheck, ok = d.boolv()
+			case "transfer_in_flight":
+				r.TransferInFlight, ok = d.boolPtr()
+			case "transfer_queue":
+				r.TransferQueue, ok = d.intPtr()
 			}
 			return ok
 		})
@@ -328,4 +413,28 @@ func (d *fastDecoder) rooms() ([]Room, bool) {
 		}
 		return rooms, d.consume(']')
 	}
+}
+
+func (d *fastDecoder) orphans() ([]OrphanedTransfer, bool) {
+	out := []OrphanedTransfer{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, OrphanedTransfer{})
+		o := &out[len(out)-1]
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "bootstrap_room":
+				o.BootstrapRoom, ok = d.uint64v()
+			case "transfer_queue":
+				o.TransferQueue, ok = d.intPtr()
+			case "outstanding_chunks":
+				o.OutstandingChunks, ok = d.intv()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
 }

@@ -12,6 +12,8 @@ func FuzzDecodeListing(f *testing.F) {
 	f.Add([]byte(exampleListing))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[]}`))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","bootstrap_room":18446744073709551615,"poll":"Failed","age_seconds":0,"progress":-1}]}`))
+	f.Add([]byte(round2Listing))
+	f.Add([]byte(`{"api_version":1,"server":{"transfer_queues":2,"pp_size":2,"pp_rank":1},"loop":{},"inflight":[{"rid":"a","poll":"Failed","transfer_queue":1,"transfer_in_flight":false}],"orphaned_transfers":[{"bootstrap_room":1,"transfer_queue":1,"outstanding_chunks":1}]}`))
 	f.Add([]byte(`{"api_version":2}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -22,10 +24,21 @@ func FuzzDecodeListing(f *testing.F) {
 		if l.APIVersion != APIVersion || l.Inflight == nil {
 			t.Fatalf("accepted listing without version or inflight: %+v", l)
 		}
+		inRange := func(q *int) bool {
+			return q == nil || (*q >= 0 && (l.Server.TransferQueues == nil || *q < *l.Server.TransferQueues))
+		}
 		for i, r := range l.Inflight {
-			if r.RID == "" || !validPoll[r.Poll] || !(r.AgeSeconds >= 0) || r.Progress < -1 {
+			if r.RID == "" || !validPoll[r.Poll] || !(r.AgeSeconds >= 0) || r.Progress < -1 || !inRange(r.TransferQueue) {
 				t.Fatalf("accepted invalid room %d: %+v", i, r)
 			}
+		}
+		for i, o := range l.OrphanedTransfers {
+			if o.OutstandingChunks < 1 || !inRange(o.TransferQueue) {
+				t.Fatalf("accepted invalid orphaned transfer %d: %+v", i, o)
+			}
+		}
+		if s := l.Server; s.PPSize < 0 || (s.PPSize > 0 && s.PPRank >= s.PPSize) || (s.TransferQueues != nil && *s.TransferQueues < 1) {
+			t.Fatalf("accepted invalid server: %+v", s)
 		}
 		if _, err := json.Marshal(l); err != nil {
 			t.Fatalf("accepted listing cannot be re-encoded: %v", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/go-kit/log/level"
@@ -13,23 +14,55 @@ import (
 )
 
 // The actuator is the only code that changes anything outside this process.
-// Every rail lives here: the mode, at most one successful call per room,
-// bounded retries after errors, the global rate limit, the re-read of the
-// listing right before the call, and the confirmation of the release.
+// Every rail lives here: the mode, at most one successful call per request,
+// bounded retries after errors, the rate limits, the re-read of every
+// stage's listing right before the call, the confirmation of the release,
+// and the restart escalation.
 
-// candidate is a stuck room as seen when the decision was made.
+// stageView is one PP stage of a request as seen when the decision was made.
+// The rank's own fields are copied here under w.mu, so that the actuator
+// (which may run for the webhook while a cycle observes) never reads them
+// unlocked.
+type stageView struct {
+	rank        *rankState
+	poll        string
+	progress    int64
+	inFlight    bool
+	pid         int
+	iterations  uint64
+	unsupported bool
+	leverNote   string
+}
+
+// candidate is a request to act on: stuck on one of its stages, or queued
+// behind a diagnosed transfer wedge (failFast).
 type candidate struct {
-	rank     *rankState
-	key      roomKey
+	key      reqKey
+	rank     *rankState // the stage the verdict was made on
 	poll     string
 	progress int64
 	age      float64
+	failFast bool
+	queue    int
+	// stages lists every stage of the DP rank that holds the request.
+	stages []stageView
+	// blocked names a stage of the DP rank that is down or whose loop is
+	// wedged: the request cannot be failed on every stage now.
+	blocked string
 }
 
-// candidates lists stuck rooms that may be acted on, oldest first. Caller
-// holds w.mu.
+func (c candidate) trigger(t string) string {
+	if c.failFast && t == TriggerAuto {
+		return TriggerFailFast
+	}
+	return t
+}
+
+// candidates lists the requests that may be acted on: stuck ones oldest
+// first, then the fail-fast ones. Caller holds w.mu.
 func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []candidate {
 	var out []candidate
+	seen := map[reqKey]int{}
 	for _, rk := range w.ranks {
 		// Never act on a rank whose last listing failed or whose loop is
 		// not running: the observations could be stale.
@@ -37,19 +70,72 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 			continue
 		}
 		for key, r := range rk.rooms {
-			if !r.stuck || r.done || r.acting || now.Before(r.nextAttempt) {
+			// A room behind a diagnosed wedge is failed as such even once it
+			// is old enough to be stuck: it waits on the same dead worker.
+			failFast := onRank == nil && w.cfg.FailFast && w.mode != ModeOff && failFastEligible(r, rk)
+			if !r.stuck && !failFast {
 				continue
 			}
-			out = append(out, candidate{rank: rk, key: key, poll: r.poll, progress: r.progress, age: r.age})
+			k := reqKey{dp: rk.dpLabel, roomKey: key}
+			if st := w.requests[k]; st != nil && (st.done || st.acting || now.Before(st.nextAttempt)) {
+				continue
+			}
+			c := candidate{key: k, rank: rk, poll: r.poll, progress: r.progress, age: r.age, failFast: failFast, queue: r.queue}
+			if i, ok := seen[k]; ok {
+				// Another stage holds it too: decide on the stuck stage,
+				// then on the oldest one.
+				if prev := out[i]; (prev.failFast && !failFast) || (prev.failFast == failFast && r.age > prev.age) {
+					out[i] = c
+				}
+				continue
+			}
+			seen[k] = len(out)
+			out = append(out, c)
 		}
 	}
+	for i := range out {
+		out[i].stages, out[i].blocked = w.stages(out[i].key)
+	}
 	sort.Slice(out, func(i, j int) bool {
+		if out[i].failFast != out[j].failFast {
+			return !out[i].failFast
+		}
 		if out[i].age != out[j].age {
 			return out[i].age > out[j].age
 		}
 		return out[i].key.rid < out[j].key.rid
 	})
 	return out
+}
+
+// stages lists the PP stages of the request's DP rank that hold it, and
+// names a stage that cannot be acted on now. Caller holds w.mu.
+func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
+	for _, rk := range w.ranks {
+		if !rk.listed || rk.dpLabel != k.dp {
+			continue
+		}
+		if !rk.status.up || rk.wedged {
+			blocked = rk.status.target
+			continue
+		}
+		if r, ok := rk.rooms[k.roomKey]; ok {
+			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlight: r.inFlightKnown && r.inFlight,
+				pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+		}
+	}
+	return views, blocked
+}
+
+// request returns the bookkeeping of a request, creating it. Caller holds
+// w.mu.
+func (w *Watchdog) request(k reqKey) *reqState {
+	st := w.requests[k]
+	if st == nil {
+		st = &reqState{}
+		w.requests[k] = st
+	}
+	return st
 }
 
 // actuate walks the candidates through the rails. asAuto makes a dry-run
@@ -70,14 +156,16 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 		if !until.IsZero() && !w.clock.Now().Before(until) {
 			return
 		}
-		// A lever set on a rank may unblock its other rooms (a wedged
-		// transfer shard): decide on them from the next listing.
-		if flipped[c.rank] {
+		// A lever set on a rank may unblock its other stuck rooms: decide
+		// on them from the next listing. Rooms behind a wedged transfer
+		// queue are not unblocked by anything but a restart, so fail-fast
+		// goes on.
+		if !c.failFast && flipped[c.rank] {
 			continue
 		}
-		evs := w.actOne(ctx, c, trigger, asAuto)
+		evs := w.actOne(ctx, c, c.trigger(trigger), asAuto)
 		for _, e := range evs {
-			if e.Kind == EventForceFail && (e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed) {
+			if e.Kind == EventForceFail && !c.failFast && (e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed) {
 				flipped[c.rank] = true
 			}
 		}
@@ -85,7 +173,22 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 	}
 }
 
-// actOne takes one candidate through the rails.
+// stageAnswer is one stage's answer to a force-fail.
+type stageAnswer struct {
+	rank    *rankState
+	status  int
+	resp    *pluginapi.ForceFailResponse
+	err     error
+	outcome string
+}
+
+// Outcomes of one stage's answer, before they are combined per request.
+const (
+	outAwait     = "await" // flipped or already_failed: the release must be confirmed
+	outSucceeded = "transfer_succeeded"
+)
+
+// actOne takes one request through the rails.
 func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAuto bool) []Event {
 	mode := w.Mode()
 	if asAuto && mode != ModeOff {
@@ -97,41 +200,57 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	if mode == ModeDryRun && w.dryRan(c) {
 		return nil
 	}
-	// The re-read below costs the plugin a full listing: only make it for
-	// a call the rate limit would let through.
-	if !w.callAvailable() {
-		return w.skip(c, SkipRateLimited, trigger, fmt.Sprintf("%d force-fail calls in the last minute already", w.cfg.MaxPerMinute))
+	if c.blocked != "" {
+		return w.skip(c, SkipSourceDown, trigger, "a stage of the request's DP rank is down or its loop is wedged: "+c.blocked)
 	}
-	// Re-read the listing: the request must be there, unchanged, right
-	// before the call. Progress that arrived since the decision cancels it.
-	l, err := c.rank.source.Inflight(ctx)
-	if err != nil {
-		return w.skip(c, SkipSourceDown, trigger, "re-reading the listing failed: "+err.Error())
-	}
-	var now *pluginapi.Room
-	for i := range l.Inflight {
-		if l.Inflight[i].RID == c.key.rid && l.Inflight[i].BootstrapRoom == c.key.room {
-			now = &l.Inflight[i]
-			break
+	for _, s := range c.stages {
+		if s.unsupported {
+			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
 		}
 	}
-	if now == nil {
+	// The re-reads below cost the plugins a full listing each: only make
+	// them for a call the rate limit would let through.
+	if !w.callAvailable(c.failFast) {
+		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.failFast))
+	}
+	// Re-read every stage: the request must be there, unchanged, right
+	// before the call. Progress that arrived since the decision cancels it.
+	var targets []stageView
+	var ages []float64
+	for _, s := range c.stages {
+		l, err := s.rank.source.Inflight(ctx)
+		if err != nil {
+			return w.skip(c, SkipSourceDown, trigger, "re-reading the listing of "+s.rank.status.target+" failed: "+err.Error())
+		}
+		if l.Server.Levers != nil && len(l.Server.Levers) == 0 {
+			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+l.Server.LeverNote)
+		}
+		now := findRoom(l, c.key.roomKey)
+		if now == nil {
+			continue
+		}
+		movedInFlight := c.failFast && (now.TransferInFlight == nil || *now.TransferInFlight)
+		if now.Poll != s.poll || now.Progress != s.progress || movedInFlight || now.HealthCheck || l.Loop.Iterations < s.iterations ||
+			l.Server.PID != s.pid || (now.TransferInFlight != nil && *now.TransferInFlight != s.inFlight) {
+			return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.Poll, s.progress, now.Progress))
+		}
+		targets = append(targets, s)
+		ages = append(ages, now.AgeSeconds)
+	}
+	if len(targets) == 0 {
 		return w.skip(c, SkipGone, trigger, "the request left the listing before the call")
 	}
-	if now.Poll != c.poll || now.Progress != c.progress || l.Loop.Iterations < c.rank.iterations {
-		return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("poll %s→%s, progress %d→%d since the decision", c.poll, now.Poll, c.progress, now.Progress))
-	}
-	if !w.allowCall() {
-		return w.skip(c, SkipRateLimited, trigger, fmt.Sprintf("%d force-fail calls in the last minute already", w.cfg.MaxPerMinute))
+	if !w.allowCall(c.failFast) {
+		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.failFast))
 	}
 
 	w.mu.Lock()
-	r, ok := c.rank.rooms[c.key]
-	if !ok || r.done || r.acting {
+	st := w.request(c.key)
+	if st.done || st.acting {
 		w.mu.Unlock()
 		return nil
 	}
-	r.acting = true
+	st.acting = true
 	// The baseline for confirming the release is taken before the call: a
 	// /metrics read landing between the release and the answer would
 	// otherwise already count it, and the counter would never rise past it.
@@ -141,130 +260,219 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	}
 	w.mu.Unlock()
 
+	age := ages[0]
+	reason := fmt.Sprintf("sglang-watchdog: stuck %.0fs in %s with no progress for %s", age, c.poll, w.cfg.StallWindow)
+	if c.failFast {
+		reason = fmt.Sprintf("sglang-watchdog: queued %.0fs behind wedged transfer queue %d; only a restart clears it", age, c.queue)
+	}
 	room := c.key.room
-	reason := fmt.Sprintf("sglang-watchdog: stuck %.0fs in %s with no progress for %s", now.AgeSeconds, now.Poll, w.cfg.StallWindow)
 	order := pluginapi.ForceFailRequest{RID: c.key.rid, BootstrapRoom: &room, Reason: reason, DryRun: mode == ModeDryRun}
-	status, resp, err := c.rank.source.ForceFail(ctx, order)
+	answers := make([]stageAnswer, len(targets))
+	for i, s := range targets {
+		status, resp, err := s.rank.source.ForceFail(ctx, order)
+		answers[i] = stageAnswer{rank: s.rank, status: status, resp: resp, err: err, outcome: classify(status, resp, err)}
+	}
+	result := combine(answers)
 	at := w.clock.Now()
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	r.acting = false
-	result, wait := classify(status, resp, err)
+	st.acting = false
+	st.lastSkip = ""
 	logger := level.Info(w.logger)
-	if result == ResultError || result == ResultRejected || result == ResultNotFound {
+	if result != outAwait && result != ResultWouldFlip {
 		logger = level.Error(w.logger)
 	}
 	fields := []interface{}{"msg", "force-fail call", "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
-		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", now.AgeSeconds), "poll", now.Poll,
-		"progress", now.Progress, "mode", mode, "trigger", trigger, "http_status", status, "reason", reason}
-	if resp != nil {
-		fields = append(fields, "plugin_result", resp.Result, "lever", resp.Lever)
-	}
-	if err != nil {
-		fields = append(fields, "err", err)
-	}
+		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", age), "poll", c.poll,
+		"progress", c.progress, "mode", mode, "trigger", trigger, "reason", reason}
 	ev := Event{Kind: EventForceFail, Target: c.rank.status.target, DPRank: c.rank.dpLabel, PPRank: c.rank.ppLabel,
-		RID: c.key.rid, Room: c.key.room, Age: now.AgeSeconds, Poll: now.Poll, Progress: now.Progress, Trigger: trigger}
-	switch {
-	case wait:
-		r.done = true
-		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, trigger: trigger, at: at, baseline: baseline, age: now.AgeSeconds, poll: now.Poll})
-		ev.Result = resp.Result
-		logger.Log(append(fields, "result", "awaiting_confirmation")...)
-	case result == ResultError:
-		r.attempts++
-		if r.attempts >= w.cfg.MaxAttempts {
-			r.done = true
-		} else {
-			r.nextAttempt = at.Add(w.cfg.RetryBackoff << (r.attempts - 1))
+		RID: c.key.rid, Room: c.key.room, Age: age, Poll: c.poll, Progress: c.progress, Trigger: trigger}
+	if len(answers) == 1 {
+		a := answers[0]
+		fields = append(fields, "http_status", a.status)
+		if a.resp != nil {
+			fields = append(fields, "plugin_result", a.resp.Result, "lever", a.resp.Lever, "levers", strings.Join(a.resp.Levers, ","))
+			if a.resp.Error != "" {
+				fields = append(fields, "plugin_error", a.resp.Error)
+			}
 		}
-		w.forceFails[[2]string{result, trigger}]++
-		ev.Result = result
-		logger.Log(append(fields, "result", result, "attempts", r.attempts, "retry", !r.done)...)
-	case result == ResultWouldFlip:
-		r.dryRan = true
-		w.forceFails[[2]string{result, trigger}]++
-		ev.Result = result
-		logger.Log(append(fields, "result", result)...)
-	default:
-		r.done = true
-		w.forceFails[[2]string{result, trigger}]++
-		ev.Result = result
-		logger.Log(append(fields, "result", result)...)
+		if a.err != nil {
+			fields = append(fields, "err", a.err)
+		}
+	} else {
+		ev.Stages = stageDetail(answers)
+		fields = append(fields, "stages", ev.Stages)
 	}
+	switch result {
+	case outAwait:
+		st.done = true
+		var called []*rankState
+		for _, a := range answers {
+			called = append(called, a.rank)
+		}
+		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, stages: called, trigger: trigger, at: at, baseline: baseline, age: age, poll: c.poll})
+		// The plugin's word for a set lever (flipped or already_failed).
+		ev.Result = pluginapi.ResultFlipped
+		if len(answers) == 1 {
+			ev.Result = answers[0].resp.Result
+		}
+		logger.Log(append(fields, "result", "awaiting_confirmation")...)
+		return []Event{ev}
+	case ResultError:
+		st.attempts++
+		if st.attempts >= w.cfg.MaxAttempts {
+			st.done = true
+		} else {
+			st.nextAttempt = at.Add(w.cfg.RetryBackoff << (st.attempts - 1))
+		}
+		fields = append(fields, "attempts", st.attempts, "retry", !st.done)
+	case ResultWouldFlip:
+		st.dryRan = true
+	default:
+		st.done = true
+	}
+	w.forceFails[[2]string{result, trigger}]++
+	ev.Result = result
+	logger.Log(append(fields, "result", result)...)
 	return []Event{ev}
 }
 
-// dryRan tells whether the room already had its dry run: a dry run is
-// made once per room, and a switch to auto mode may still act on it.
+func findRoom(l *pluginapi.Listing, key roomKey) *pluginapi.Room {
+	for i := range l.Inflight {
+		if l.Inflight[i].RID == key.rid && l.Inflight[i].BootstrapRoom == key.room {
+			return &l.Inflight[i]
+		}
+	}
+	return nil
+}
+
+func stageDetail(answers []stageAnswer) string {
+	parts := make([]string, len(answers))
+	for i, a := range answers {
+		res := a.outcome
+		if a.resp != nil {
+			res = a.resp.Result
+		}
+		parts[i] = fmt.Sprintf("pp%d=%s(%d)", a.rank.ppLabel, res, a.status)
+		if a.resp != nil && len(a.resp.Levers) > 0 {
+			parts[i] += "[" + strings.Join(a.resp.Levers, ",") + "]"
+		}
+		if a.err != nil {
+			parts[i] += ": " + a.err.Error()
+		} else if a.resp != nil && a.resp.Error != "" {
+			parts[i] += ": " + a.resp.Error
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// dryRan tells whether the request already had its dry run: a dry run is
+// made once per request, and a switch to auto mode may still act on it.
 func (w *Watchdog) dryRan(c candidate) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	r, ok := c.rank.rooms[c.key]
-	return !ok || r.dryRan
+	st := w.requests[c.key]
+	return st != nil && st.dryRan
 }
 
-// classify maps an admin-call answer to a result. wait is true when the
-// lever is set and the release still has to be confirmed.
-func classify(status int, resp *pluginapi.ForceFailResponse, err error) (result string, wait bool) {
+// classify maps one stage's answer to an outcome.
+func classify(status int, resp *pluginapi.ForceFailResponse, err error) string {
 	if err != nil || resp == nil {
-		return ResultError, false
+		return ResultError
 	}
 	switch {
 	case status == http.StatusOK && (resp.Result == pluginapi.ResultFlipped || resp.Result == pluginapi.ResultAlreadyFailed):
-		return "", true
+		return outAwait
 	case status == http.StatusOK && resp.Result == pluginapi.ResultWouldFlip:
-		return ResultWouldFlip, false
+		return ResultWouldFlip
 	case status == http.StatusNotFound:
-		return ResultNotFound, false
+		return ResultNotFound
+	case status == http.StatusNotImplemented:
+		return ResultUnsupported
+	case status == http.StatusConflict && resp.Result == pluginapi.ResultTransferSucceeded:
+		return outSucceeded
 	case status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusConflict:
-		return ResultRejected, false
+		return ResultRejected
 	default:
-		return ResultError, false
+		return ResultError
 	}
 }
 
-// callAvailable tells whether the rate limit would let a call through now,
-// without taking the slot. Caller holds w.act.
-func (w *Watchdog) callAvailable() bool {
+// combine reports a request's stages as one result. Any stage that failed
+// or refused decides it (the request is not released while one stage holds
+// it); otherwise a set lever awaits confirmation. A stage whose transfer
+// succeeded is terminal already, so beside a set lever it does not stop
+// the release; alone it is a refusal (the request releases itself).
+func combine(answers []stageAnswer) string {
+	has := map[string]bool{}
+	for _, a := range answers {
+		has[a.outcome] = true
+	}
+	for _, o := range []string{ResultError, ResultUnsupported, ResultRejected, ResultWouldFlip, outAwait} {
+		if has[o] {
+			return o
+		}
+	}
+	if has[outSucceeded] {
+		return ResultRejected
+	}
+	return ResultNotFound
+}
+
+func (w *Watchdog) limitDetail(failFast bool) string {
+	if failFast {
+		return fmt.Sprintf("%d fail-fast requests in the last minute already", w.cfg.FailFastPerMinute)
+	}
+	return fmt.Sprintf("%d force-fail requests in the last minute already", w.cfg.MaxPerMinute)
+}
+
+// callAvailable tells whether the rate limit would let a request through
+// now, without taking the slot. Caller holds w.act.
+func (w *Watchdog) callAvailable(failFast bool) bool {
+	times, limit := &w.callTimes, w.cfg.MaxPerMinute
+	if failFast {
+		times, limit = &w.ffTimes, w.cfg.FailFastPerMinute
+	}
 	now := w.clock.Now()
-	kept := w.callTimes[:0]
-	for _, t := range w.callTimes {
+	kept := (*times)[:0]
+	for _, t := range *times {
 		if now.Sub(t) < time.Minute {
 			kept = append(kept, t)
 		}
 	}
-	w.callTimes = kept
-	return len(w.callTimes) < w.cfg.MaxPerMinute
+	*times = kept
+	return len(kept) < limit
 }
 
-// allowCall takes a slot of the global limit on admin calls over any 60 s.
-// Caller holds w.act.
-func (w *Watchdog) allowCall() bool {
-	if !w.callAvailable() {
+// allowCall takes a slot of a limit over any 60 s. A request takes one
+// slot however many PP stages it is called on. Caller holds w.act.
+func (w *Watchdog) allowCall(failFast bool) bool {
+	if !w.callAvailable(failFast) {
 		return false
 	}
-	w.callTimes = append(w.callTimes, w.clock.Now())
+	if failFast {
+		w.ffTimes = append(w.ffTimes, w.clock.Now())
+	} else {
+		w.callTimes = append(w.callTimes, w.clock.Now())
+	}
 	return true
 }
 
-// skip counts a reason once per room, so that a request waiting out the
+// skip counts a reason once per request, so that a request waiting out the
 // rate limit is not counted every cycle.
 func (w *Watchdog) skip(c candidate, reason, trigger, detail string) []Event {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	r, ok := c.rank.rooms[c.key]
-	if !ok {
+	st := w.request(c.key)
+	st.lastSkip = reason
+	if st.skipped == nil {
+		st.skipped = map[string]bool{}
+	}
+	if st.skipped[reason] {
 		return nil
 	}
-	if r.skipped == nil {
-		r.skipped = map[string]bool{}
-	}
-	if r.skipped[reason] {
-		return nil
-	}
-	r.skipped[reason] = true
+	st.skipped[reason] = true
 	w.skips[reason]++
 	level.Warn(w.logger).Log("msg", "stuck request not force-failed", "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
 		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", c.age), "poll", c.poll,
@@ -273,38 +481,53 @@ func (w *Watchdog) skip(c candidate, reason, trigger, detail string) []Event {
 		RID: c.key.rid, Room: c.key.room, Age: c.age, Poll: c.poll, Progress: c.progress, Reason: reason, Trigger: trigger}}
 }
 
-// confirm settles pending releases: released once the room left the
-// listing and SGLang's transfer-failed counter rose past its value at the
-// flip; unconfirmed after the confirm timeout. Caller holds w.mu.
+// confirm settles pending releases: released once the request left every
+// stage's listing and SGLang's transfer-failed counter rose past its value
+// at the call; unconfirmed after the confirm timeout. One rise confirms one
+// release: k releases pending on one counter need a rise of k, oldest
+// baseline first. Caller holds w.mu.
 func (w *Watchdog) confirm(now time.Time) []Event {
 	var events []Event
+	v, counterOK := 0.0, w.metrics == nil
+	if w.metrics != nil {
+		v, counterOK = w.metrics.transferFailed()
+		counterOK = counterOK && w.metrics.status.up
+		if counterOK && v < w.claimed {
+			// SGLang restarted and its counter began again.
+			w.claimed = v
+		}
+	}
+	sort.SliceStable(w.pending, func(i, j int) bool { return w.pending[i].baseline < w.pending[j].baseline })
 	kept := w.pending[:0]
 	for _, p := range w.pending {
+		gone := p.gone()
 		rose := true
 		if w.metrics != nil {
-			v, ok := w.metrics.transferFailed()
-			rose = ok && w.metrics.status.up && v > p.baseline
+			rose = counterOK && v-max(p.baseline, w.claimed) >= 1
 		}
 		ev := Event{Target: p.rank.status.target, DPRank: p.rank.dpLabel, PPRank: p.rank.ppLabel, RID: p.key.rid, Room: p.key.room, Age: p.age, Poll: p.poll, Trigger: p.trigger}
 		switch {
-		case p.gone && rose:
+		case gone && rose:
+			if w.metrics != nil {
+				w.claimed = max(p.baseline, w.claimed) + 1
+			}
 			w.forceFails[[2]string{ResultReleased, p.trigger}]++
 			ev.Kind, ev.Result = EventReleased, ResultReleased
 			level.Info(w.logger).Log("msg", "release confirmed", "rid", p.key.rid, "room", p.key.room, "target", p.rank.status.target,
-				"dp_rank", p.rank.dpLabel, "pp_rank", p.rank.ppLabel, "age", fmt.Sprintf("%.1f", p.age), "poll", p.poll, "trigger", p.trigger,
+				"dp_rank", p.rank.dpLabel, "pp_rank", p.rank.ppLabel, "stages", len(p.stages), "age", fmt.Sprintf("%.1f", p.age), "poll", p.poll, "trigger", p.trigger,
 				"after", now.Sub(p.at).Round(time.Millisecond))
 			events = append(events, ev)
 		case now.Sub(p.at) >= w.cfg.ConfirmTimeout:
 			w.forceFails[[2]string{ResultUnconfirmed, p.trigger}]++
 			ev.Kind, ev.Result = EventUnconfirmed, ResultUnconfirmed
 			level.Error(w.logger).Log("msg", "release not confirmed", "rid", p.key.rid, "room", p.key.room, "target", p.rank.status.target,
-				"dp_rank", p.rank.dpLabel, "pp_rank", p.rank.ppLabel, "age", fmt.Sprintf("%.1f", p.age), "poll", p.poll, "trigger", p.trigger,
-				"left_listing", p.gone, "counter_rose", rose, "reason", "lever set but release not seen within the confirm timeout")
+				"dp_rank", p.rank.dpLabel, "pp_rank", p.rank.ppLabel, "stages", len(p.stages), "age", fmt.Sprintf("%.1f", p.age), "poll", p.poll, "trigger", p.trigger,
+				"left_listing", gone, "counter_rose", rose, "reason", "lever set but release not seen within the confirm timeout (one counter rise per release)")
 			events = append(events, ev)
 		default:
-			if p.gone {
-				// The room is gone; only the counter is missing. Ask for an
-				// early /metrics read rather than wait a full interval.
+			if gone {
+				// The request is gone; only the counter is missing. Ask for
+				// an early /metrics read rather than wait a full interval.
 				select {
 				case w.scrapeNow <- struct{}{}:
 				default:

@@ -21,6 +21,7 @@ type Snapshot struct {
 	ForceFails    map[[2]string]uint64 // [result, trigger], every pair present
 	Skips         map[string]uint64    // every reason present
 	Webhook       map[string]uint64
+	Restarts      map[string]uint64 // every restart result present
 	TrackedRooms  int
 	RoomLimitHits uint64
 	LastCycle     time.Duration
@@ -34,8 +35,11 @@ type SourceStatus struct {
 	Failures       uint64
 }
 
-// RankSnapshot is one plugin rank, present once its listing succeeded.
+// RankSnapshot is one plugin rank, present once its listing succeeded. Two
+// targets that report the same DPRank and PPRank (a collision) each have
+// their own; the exporter merges them.
 type RankSnapshot struct {
+	Target                 string
 	DPRank, PPRank, TPRank int
 	Queues                 pluginapi.Queues
 	ByPoll                 map[string]int // every poll state present
@@ -46,6 +50,13 @@ type RankSnapshot struct {
 	AgeBuckets             []uint64 // cumulative, per ageBuckets
 	AgeCount               uint64
 	AgeSum                 float64
+	// TransferWedged is true while a transfer queue of the rank is
+	// diagnosed or suspected wedged; TransferWedges counts them.
+	TransferWedged bool
+	TransferWedges uint64
+	// Unactionable counts stuck requests by the skip reason that keeps
+	// them stuck (every UnactionableReasons value present).
+	Unactionable map[string]int
 }
 
 // GaugeSnapshot is one SGLang queue gauge.
@@ -69,6 +80,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 		ForceFails:    map[[2]string]uint64{},
 		Skips:         map[string]uint64{},
 		Webhook:       map[string]uint64{},
+		Restarts:      map[string]uint64{},
 		TrackedRooms:  w.tracked,
 		RoomLimitHits: w.limits,
 		LastCycle:     w.lastCycle,
@@ -83,6 +95,9 @@ func (w *Watchdog) Snapshot() Snapshot {
 	}
 	for k, v := range w.webhook {
 		s.Webhook[k] = v
+	}
+	for _, r := range RestartResults {
+		s.Restarts[r] = w.restarts[r]
 	}
 	if m := w.metrics; m != nil && m.status.seen {
 		s.Sources = append(s.Sources, sourceStatus("metrics", &m.status))
@@ -103,6 +118,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 			continue
 		}
 		rs := RankSnapshot{
+			Target: rk.status.target, TransferWedged: len(rk.wedges) > 0, TransferWedges: rk.wedgeCount, Unactionable: map[string]int{},
 			DPRank: rk.dpLabel, PPRank: rk.ppLabel, TPRank: rk.server.TPRank,
 			Queues: rk.queues, ByPoll: map[string]int{}, OldestAge: rk.oldest, Stuck: rk.stuck,
 			LoopStall: now.Sub(rk.loopAdvancedAt), Wedged: rk.wedged,
@@ -110,6 +126,9 @@ func (w *Watchdog) Snapshot() Snapshot {
 		}
 		for _, p := range pluginapi.PollStates {
 			rs.ByPoll[p] = rk.byPoll[p]
+		}
+		for _, reason := range UnactionableReasons {
+			rs.Unactionable[reason] = rk.unactionable[reason]
 		}
 		var cum uint64
 		for i := range ageBuckets {

@@ -11,7 +11,14 @@ type roomKey struct {
 	room uint64
 }
 
-// roomState remembers one inflight request from first sight.
+// reqKey names one request of one DP rank: under pipeline parallelism every
+// PP stage of the DP rank lists it, and it is acted on once, on all of them.
+type reqKey struct {
+	dp int
+	roomKey
+}
+
+// roomState remembers one inflight request on one stage from first sight.
 type roomState struct {
 	firstSeen  time.Time
 	lastChange time.Time // last time poll or progress changed (or first sight)
@@ -25,17 +32,41 @@ type roomState struct {
 	health   bool
 	addr     string
 	prompt   int
+	// Round-2 transfer fields; unknown with an older plugin.
+	inFlightKnown bool
+	inFlight      bool
+	queue         int // transfer queue, -1 when unknown
 
 	stuck bool   // last verdict, for logging transitions
 	seen  uint64 // rank cycle of the last listing that held this room
+}
 
-	// Actuator bookkeeping; only the actuator writes these.
-	acting      bool      // an admin call for this room is under way
-	done        bool      // no further call for this room
+// reqState is the actuator's bookkeeping of one request, shared by its PP
+// stages; only the actuator writes it.
+type reqState struct {
+	acting      bool      // an admin call for this request is under way
+	done        bool      // no further call for this request
 	dryRan      bool      // a dry run answered would_flip; only a real call may follow
 	attempts    int       // calls that ended in error
 	nextAttempt time.Time // earliest retry after an error
 	skipped     map[string]bool
+	lastSkip    string // reason of the last skip, cleared by a call
+}
+
+// orphanState is an orphaned transfer (a room gone from the queue whose
+// chunks are still outstanding) since first sight.
+type orphanState struct {
+	firstSeen time.Time
+	queue     int // -1 when unknown
+	seen      uint64
+}
+
+// transferWedge is the verdict on one transfer queue of a rank.
+type transferWedge struct {
+	since     time.Time
+	diagnosed bool   // false: suspected (older plugin, no transfer fields)
+	rule      string // wedgeInFlight, wedgeOrphaned or wedgeSuspected
+	room      uint64 // the evidence: the in-flight or orphaned room
 }
 
 // ageBuckets are the upper bounds of sglang_watchdog_inflight_age_seconds.
@@ -89,15 +120,29 @@ type rankState struct {
 	rooms map[roomKey]*roomState
 	cycle uint64 // successful listings folded so far
 	hist  ageHistogram
+	// gen counts scheduler restarts seen on this target: (target, pid,
+	// gen) names one process, even when a restart reuses the pid.
+	gen uint64
+
+	orphans map[uint64]*orphanState
+	// queueChange is when a known room on each transfer queue last
+	// changed poll or progress (or the queue was first seen).
+	queueChange map[int]time.Time
+	wedges      map[int]*transferWedge
+	wedgeCount  uint64
+	leverWarned bool // "no lever works here" was said for this process
 
 	// Verdicts of the last successful cycle; kept while the source is down,
 	// so that a failing source never reads as "nothing stuck".
-	stuck   int
-	wedged  bool
-	byPoll  map[string]int
-	oldest  float64
-	dpLabel int
-	ppLabel int
+	stuck  int
+	wedged bool
+	// unactionable counts stuck requests by the skip reason that keeps
+	// them stuck (source_down, unsupported), as of the last evaluation.
+	unactionable map[string]int
+	byPoll       map[string]int
+	oldest       float64
+	dpLabel      int
+	ppLabel      int
 }
 
 // gaugeState tracks one SGLang queue gauge between /metrics reads.
@@ -121,14 +166,31 @@ func (m *metricsState) transferFailed() (float64, bool) {
 	return v, ok
 }
 
+// unsupported tells whether the rank's plugin says no lever works on its
+// SGLang version and backend. An absent levers list (older plugin) means
+// the version 1 lever is assumed to work.
+func (rk *rankState) unsupported() bool {
+	return rk.server.Levers != nil && len(rk.server.Levers) == 0
+}
+
 // pending is a lever that was set and awaits confirmation of the release.
 type pending struct {
-	key      roomKey
-	rank     *rankState
+	key      reqKey
+	rank     *rankState   // the stage the decision was made on
+	stages   []*rankState // every stage the lever was set on
 	trigger  string
 	at       time.Time
 	baseline float64 // TransferFailedFamily total when the lever was set
-	gone     bool    // the room has left the listing
 	age      float64
 	poll     string
+}
+
+// gone tells whether the request has left every stage it was set on.
+func (p *pending) gone() bool {
+	for _, rk := range p.stages {
+		if _, ok := rk.rooms[p.key.roomKey]; ok {
+			return false
+		}
+	}
+	return true
 }

@@ -54,6 +54,13 @@ type PluginSource interface {
 	ForceFail(ctx context.Context, order pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error)
 }
 
+// Restarter is a PluginSource that can also end its scheduler process
+// (POST /admin/restart, round 2). *pluginapi.Client implements it; a source
+// without it counts every restart as unsupported.
+type Restarter interface {
+	Restart(ctx context.Context, order pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
+}
+
 // Mode says what the actuator may do.
 type Mode string
 
@@ -85,19 +92,25 @@ const (
 	ResultNotFound    = "not_found"
 	ResultRejected    = "rejected"
 	ResultError       = "error"
+	// ResultUnsupported: the plugin answered 501, no lever works on this
+	// SGLang version and backend. Never retried.
+	ResultUnsupported = "unsupported"
 )
 
 // Results lists every outcome.
-var Results = []string{ResultReleased, ResultUnconfirmed, ResultWouldFlip, ResultNotFound, ResultRejected, ResultError}
+var Results = []string{ResultReleased, ResultUnconfirmed, ResultWouldFlip, ResultNotFound, ResultRejected, ResultError, ResultUnsupported}
 
 // Triggers of a force-fail.
 const (
 	TriggerAuto  = "auto"
 	TriggerAlert = "alert"
+	// TriggerFailFast: a room queued behind a diagnosed transfer wedge,
+	// failed before its deadline (--force-fail.fail-fast).
+	TriggerFailFast = "fail_fast"
 )
 
 // Triggers lists every trigger.
-var Triggers = []string{TriggerAuto, TriggerAlert}
+var Triggers = []string{TriggerAuto, TriggerAlert, TriggerFailFast}
 
 // Reasons a stuck request was not force-failed.
 const (
@@ -106,10 +119,30 @@ const (
 	SkipProgressed  = "progressed"
 	SkipGone        = "gone"
 	SkipSourceDown  = "source_down"
+	// SkipUnsupported: the rank's listing says no lever works here
+	// (server.levers is empty), so no call is made.
+	SkipUnsupported = "unsupported"
 )
 
 // SkipReasons lists every skip reason.
-var SkipReasons = []string{SkipModeOff, SkipRateLimited, SkipProgressed, SkipGone, SkipSourceDown}
+var SkipReasons = []string{SkipModeOff, SkipRateLimited, SkipProgressed, SkipGone, SkipSourceDown, SkipUnsupported}
+
+// UnactionableReasons are the skip reasons that leave a stuck request
+// stuck for as long as they last (sglang_watchdog_stuck_unactionable_requests).
+var UnactionableReasons = []string{SkipSourceDown, SkipUnsupported}
+
+// Results of a restart escalation (sglang_watchdog_restarts_total).
+const (
+	RestartRestarted    = "restarted"     // the plugin answered 202 restarting
+	RestartWouldRestart = "would_restart" // --restart.mode=dry-run
+	RestartDisabled     = "disabled"      // 403: the plugin does not allow restarts
+	RestartUnsupported  = "unsupported"   // 404: an older plugin
+	RestartRejected     = "rejected"      // 400, 401, 409 pid_mismatch
+	RestartError        = "error"         // no usable answer
+)
+
+// RestartResults lists every restart result.
+var RestartResults = []string{RestartRestarted, RestartWouldRestart, RestartDisabled, RestartUnsupported, RestartRejected, RestartError}
 
 // EventKind classifies what the watchdog reports to an observer.
 type EventKind string
@@ -123,6 +156,11 @@ const (
 	EventUnconfirmed EventKind = "unconfirmed"
 	EventPinned      EventKind = "gauge_pinned"
 	EventWedged      EventKind = "scheduler_wedged"
+	// EventTransferWedged: a transfer queue was diagnosed (or, with an
+	// older plugin, suspected) wedged; Reason says which rule.
+	EventTransferWedged EventKind = "transfer_wedged"
+	EventRestart        EventKind = "restart"
+	EventRankCollision  EventKind = "rank_collision"
 )
 
 // Event is one decision or action, for the demo's narration and for tests.
@@ -140,6 +178,10 @@ type Event struct {
 	Trigger  string
 	Reason   string
 	Gauge    GaugeKey
+	// Queue is the transfer queue of a transfer wedge, -1 when unknown.
+	Queue int
+	// Stages holds the per-stage answers of a force-fail on a PP request.
+	Stages string
 }
 
 // Results of an Alertmanager webhook delivery.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +38,18 @@ type Config struct {
 	MaxAttempts  int
 	RetryBackoff time.Duration
 
+	// FailFast fails the rooms queued behind a diagnosed transfer wedge at
+	// once (auto mode; dry runs in dry-run mode), under their own budget of
+	// FailFastPerMinute requests over any 60 s, apart from MaxPerMinute.
+	FailFast          bool
+	FailFastPerMinute int
+	// RestartMode escalates a diagnosed transfer wedge to a restart of the
+	// scheduler process (off, the default, dry-run or auto), at most once
+	// per RestartMinInterval for all ranks (one pod) and never twice for
+	// the same process.
+	RestartMode        Mode
+	RestartMinInterval time.Duration
+
 	// OnEvent, if set, is called for every decision and action, outside
 	// the watchdog's lock.
 	OnEvent func(Event)
@@ -58,6 +71,13 @@ func (c *Config) validate() error {
 		return errors.New("watchdog: max force-fails per minute must not be negative")
 	case c.ConfirmTimeout <= 0:
 		return errors.New("watchdog: confirm timeout must be positive")
+	case c.FailFastPerMinute < 0:
+		return errors.New("watchdog: max fail-fast requests per minute must not be negative")
+	case c.RestartMode != ModeOff && c.RestartMinInterval <= 0:
+		return errors.New("watchdog: restart min interval must be positive")
+	}
+	if _, err := ParseMode(string(c.RestartMode)); err != nil {
+		return fmt.Errorf("restart mode: %w", err)
 	}
 	_, err := ParseMode(string(c.Mode))
 	return err
@@ -77,6 +97,17 @@ type Watchdog struct {
 	limits  uint64 // room limit hits
 	pending []*pending
 	ready   bool
+	// requests holds the actuator's bookkeeping per request (all PP stages).
+	requests map[reqKey]*reqState
+	// claimed is the transfer-failed counter value up to which rises have
+	// been matched to releases: one rise confirms one release.
+	claimed float64
+	// collisions is the number of targets per (dp_rank, pp_rank), for
+	// logging transitions.
+	collisions map[[2]int]int
+	// missingStages is, per DP rank, how many PP stages its listings
+	// report beyond those watched, for logging changes.
+	missingStages map[int]int
 
 	forceFails map[[2]string]uint64 // result, trigger
 	skips      map[string]uint64
@@ -85,7 +116,12 @@ type Watchdog struct {
 	lastEnd    time.Time // when the last cycle ended, for liveness
 
 	act       sync.Mutex  // serialises actuation, the only outward effect
-	callTimes []time.Time // admin calls in the last minute, for the rate limit
+	callTimes []time.Time // requests acted on in the last minute, for the rate limit
+	ffTimes   []time.Time // the same for fail-fast requests, under their own budget
+
+	restarts    map[string]uint64
+	restarted   map[procKey]bool // processes a restart was asked of (or dry-run for)
+	lastRestart time.Time        // last real restart call, for the per-pod interval
 
 	scrapeNow chan struct{}
 }
@@ -101,24 +137,34 @@ func New(cfg Config) (*Watchdog, error) {
 	if cfg.RetryBackoff <= 0 {
 		cfg.RetryBackoff = 10 * time.Second
 	}
+	if cfg.RestartMode == "" {
+		cfg.RestartMode = ModeOff
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	w := &Watchdog{
-		cfg:        cfg,
-		logger:     cfg.Logger,
-		clock:      cfg.Clock,
-		mode:       cfg.Mode,
-		forceFails: map[[2]string]uint64{},
-		skips:      map[string]uint64{},
-		webhook:    map[string]uint64{},
-		scrapeNow:  make(chan struct{}, 1),
+		cfg:           cfg,
+		logger:        cfg.Logger,
+		clock:         cfg.Clock,
+		mode:          cfg.Mode,
+		forceFails:    map[[2]string]uint64{},
+		skips:         map[string]uint64{},
+		webhook:       map[string]uint64{},
+		scrapeNow:     make(chan struct{}, 1),
+		requests:      map[reqKey]*reqState{},
+		collisions:    map[[2]int]int{},
+		missingStages: map[int]int{},
+		restarts:      map[string]uint64{},
+		restarted:     map[procKey]bool{},
 	}
 	for _, p := range cfg.Plugins {
 		w.ranks = append(w.ranks, &rankState{
-			source: p,
-			status: sourceState{target: p.Target()},
-			rooms:  map[roomKey]*roomState{},
+			source:      p,
+			status:      sourceState{target: p.Target()},
+			rooms:       map[roomKey]*roomState{},
+			orphans:     map[uint64]*orphanState{},
+			queueChange: map[int]time.Time{},
 		})
 	}
 	if cfg.Metrics != nil {
@@ -313,15 +359,22 @@ func (w *Watchdog) RunCycle(ctx context.Context) {
 	for i, rk := range w.ranks {
 		events = append(events, w.observeListing(rk, results[i], now)...)
 	}
+	events = append(events, w.checkCollisions()...)
+	w.checkStages()
+	w.pruneRequests()
 	events = append(events, w.confirm(now)...)
 	if w.metrics == nil {
 		w.ready = true
 	}
 	candidates := w.candidates(now, nil)
+	escalation := w.restartCandidate()
 	w.mu.Unlock()
 	w.emit(events)
 
 	w.actuate(ctx, candidates, TriggerAuto, false, start.Add(w.cfg.Interval))
+	if escalation != nil {
+		w.emit(w.restart(ctx, escalation))
+	}
 
 	w.mu.Lock()
 	w.lastEnd = w.clock.Now()
@@ -356,8 +409,20 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		level.Warn(w.logger).Log("msg", "scheduler restarted: the requests it held are gone", "target", rk.status.target,
 			"dp_rank", l.Server.DPRank, "pp_rank", l.Server.PPRank, "old_pid", rk.server.PID, "pid", l.Server.PID,
 			"old_iterations", rk.iterations, "iterations", l.Loop.Iterations, "rooms_tracked", len(rk.rooms))
+		// A new process: its transfer workers and orphans are new too.
+		rk.gen++
+		rk.leverWarned = false
+		clear(rk.orphans)
+		clear(rk.queueChange)
+		clear(rk.wedges)
 	}
 	rk.server = l.Server
+	if rk.unsupported() && !rk.leverWarned {
+		rk.leverWarned = true
+		level.Error(w.logger).Log("msg", "no force-fail lever works on this SGLang version and backend: stuck requests on this rank are detected and alerted on, never force-failed",
+			"target", rk.status.target, "dp_rank", l.Server.DPRank, "pp_rank", l.Server.PPRank, "pid", l.Server.PID,
+			"sglang_version", l.Server.SGLangVersion, "transfer_backend", l.Server.TransferBackend, "lever_note", l.Server.LeverNote)
+	}
 	rk.queues = l.Queues
 	rk.dpLabel, rk.ppLabel = l.Server.DPRank, l.Server.PPRank
 
@@ -393,6 +458,23 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 			r.poll, r.progress = lr.Poll, lr.Progress
 			r.lastChange = now
 			r.iterAtChange = l.Loop.Iterations
+			if r.queue != unknownQueue {
+				rk.queueChange[r.queue] = now
+			}
+		}
+		inFlightKnown, inFlight := lr.TransferInFlight != nil, lr.TransferInFlight != nil && *lr.TransferInFlight
+		if ok && (inFlightKnown != r.inFlightKnown || inFlight != r.inFlight) {
+			// A chunk taken up or settled is the transfer worker moving.
+			r.lastChange = now
+			r.iterAtChange = l.Loop.Iterations
+			if r.queue != unknownQueue {
+				rk.queueChange[r.queue] = now
+			}
+		}
+		r.inFlightKnown, r.inFlight = inFlightKnown, inFlight
+		r.queue = queueIndex(lr.TransferQueue)
+		if _, ok := rk.queueChange[r.queue]; !ok && r.queue != unknownQueue {
+			rk.queueChange[r.queue] = now
 		}
 		r.seen = rk.cycle
 		r.age = lr.AgeSeconds
@@ -411,10 +493,22 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		rk.hist.observe(r.age)
 		delete(rk.rooms, key)
 		w.tracked--
-		for _, p := range w.pending {
-			if p.rank == rk && p.key == key {
-				p.gone = true
-			}
+	}
+	for _, o := range l.OrphanedTransfers {
+		st, ok := rk.orphans[o.BootstrapRoom]
+		if !ok {
+			st = &orphanState{firstSeen: now}
+			rk.orphans[o.BootstrapRoom] = st
+		}
+		st.queue = queueIndex(o.TransferQueue)
+		st.seen = rk.cycle
+		if _, ok := rk.queueChange[st.queue]; !ok && st.queue != unknownQueue {
+			rk.queueChange[st.queue] = now
+		}
+	}
+	for room, o := range rk.orphans {
+		if o.seen != rk.cycle {
+			delete(rk.orphans, room)
 		}
 	}
 	return w.evaluateRank(rk, now)
@@ -433,6 +527,7 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		level.Info(w.logger).Log("msg", "scheduler loop moving again", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel)
 	}
 	rk.wedged = wedged
+	events = append(events, w.evaluateTransfers(rk, now)...)
 
 	rk.stuck = 0
 	rk.oldest = 0
@@ -440,6 +535,10 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		rk.byPoll = make(map[string]int, len(pluginapi.PollStates))
 	}
 	clear(rk.byPoll)
+	if rk.unactionable == nil {
+		rk.unactionable = map[string]int{}
+	}
+	clear(rk.unactionable)
 	for key, r := range rk.rooms {
 		rk.byPoll[r.poll]++
 		if r.age > rk.oldest {
@@ -448,6 +547,9 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		stuck := roomStuck(r, rk, now, &w.cfg)
 		if stuck {
 			rk.stuck++
+			if st := w.requests[reqKey{dp: rk.dpLabel, roomKey: key}]; st != nil && !st.done && st.lastSkip != "" {
+				rk.unactionable[st.lastSkip]++
+			}
 		}
 		if stuck && !r.stuck {
 			level.Warn(w.logger).Log("msg", "request stuck", "rid", key.rid, "room", key.room, "target", rk.status.target,
@@ -458,6 +560,121 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		r.stuck = stuck
 	}
 	return events
+}
+
+// evaluateTransfers refreshes the rank's transfer wedges, and logs and
+// counts each new one. Caller holds w.mu.
+func (w *Watchdog) evaluateTransfers(rk *rankState, now time.Time) []Event {
+	var events []Event
+	wedges := transferWedges(rk, now, &w.cfg)
+	for q, tw := range wedges {
+		if prev, ok := rk.wedges[q]; ok && prev.diagnosed == tw.diagnosed {
+			continue
+		}
+		rk.wedgeCount++
+		msg := "transfer queue wedged: its worker waits on a transfer that never completes; only a restart of the server clears it"
+		if !tw.diagnosed {
+			msg = "transfer queue suspected wedged: two or more stuck requests in Transferring, and this plugin does not report transfer_in_flight"
+		}
+		level.Error(w.logger).Log("msg", msg, "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "pid", rk.server.PID,
+			"transfer_queue", q, "rule", tw.rule, "room", tw.room, "diagnosed", tw.diagnosed, "orphaned_transfers", len(rk.orphans))
+		events = append(events, Event{Kind: EventTransferWedged, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
+			Room: tw.room, Queue: q, Reason: tw.rule})
+	}
+	for q, prev := range rk.wedges {
+		if _, ok := wedges[q]; !ok {
+			level.Info(w.logger).Log("msg", "transfer queue no longer wedged", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
+				"transfer_queue", q, "rule", prev.rule, "wedged_for", now.Sub(prev.since).Round(time.Second))
+		}
+	}
+	rk.wedges = wedges
+	return events
+}
+
+// checkCollisions logs when two or more targets report the same dp_rank
+// and pp_rank. Nothing is hidden: each target keeps its own state and acts
+// on its own rooms, and the exporter merges their series. Caller holds w.mu.
+func (w *Watchdog) checkCollisions() []Event {
+	var events []Event
+	now := map[[2]int][]string{}
+	for _, rk := range w.ranks {
+		if rk.listed {
+			k := [2]int{rk.dpLabel, rk.ppLabel}
+			now[k] = append(now[k], rk.status.target)
+		}
+	}
+	for k, targets := range now {
+		if len(targets) > 1 && w.collisions[k] != len(targets) {
+			level.Error(w.logger).Log("msg", "plugin URLs report the same rank: check --plugin.url and the plugin's port mapping", "dp_rank", k[0], "pp_rank", k[1],
+				"targets", strings.Join(targets, ","))
+			events = append(events, Event{Kind: EventRankCollision, DPRank: k[0], PPRank: k[1], Target: strings.Join(targets, ",")})
+		}
+	}
+	for k, n := range w.collisions {
+		if n > 1 && len(now[k]) <= 1 {
+			level.Info(w.logger).Log("msg", "rank collision resolved", "dp_rank", k[0], "pp_rank", k[1])
+		}
+	}
+	w.collisions = map[[2]int]int{}
+	for k, targets := range now {
+		w.collisions[k] = len(targets)
+	}
+	return events
+}
+
+// checkStages warns, once per change, when a DP rank's listings report
+// more PP stages than the watchdog reads: a request is released only when
+// every stage fails it, so the missing stages' URLs must be configured.
+// Caller holds w.mu.
+func (w *Watchdog) checkStages() {
+	size, seen := map[int]int{}, map[int]map[int]bool{}
+	for _, rk := range w.ranks {
+		if !rk.listed {
+			continue
+		}
+		size[rk.dpLabel] = max(size[rk.dpLabel], rk.server.PPSize)
+		if seen[rk.dpLabel] == nil {
+			seen[rk.dpLabel] = map[int]bool{}
+		}
+		seen[rk.dpLabel][rk.ppLabel] = true
+	}
+	for dp, n := range size {
+		missing := max(0, n-len(seen[dp]))
+		if missing > 0 && w.missingStages[dp] != missing {
+			level.Error(w.logger).Log("msg", "PP stages of a DP rank are not watched: force-fails on this DP rank cannot release anything; add a --plugin.url per stage",
+				"dp_rank", dp, "pp_size", n, "stages_watched", len(seen[dp]))
+		}
+		w.missingStages[dp] = missing
+	}
+}
+
+// pruneRequests forgets the bookkeeping of requests no stage holds any
+// more. Caller holds w.mu.
+func (w *Watchdog) pruneRequests() {
+	for key, st := range w.requests {
+		if st.acting {
+			continue
+		}
+		held := false
+		for _, rk := range w.ranks {
+			if rk.listed && rk.dpLabel == key.dp {
+				if _, ok := rk.rooms[key.roomKey]; ok {
+					held = true
+					break
+				}
+			}
+		}
+		if !held {
+			delete(w.requests, key)
+		}
+	}
+}
+
+func queueIndex(q *int) int {
+	if q == nil {
+		return unknownQueue
+	}
+	return *q
 }
 
 func (w *Watchdog) roomEvent(kind EventKind, rk *rankState, key roomKey, r *roomState) Event {

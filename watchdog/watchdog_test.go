@@ -29,6 +29,11 @@ type fakePlugin struct {
 	calls  []pluginapi.ForceFailRequest
 	// freezeLoop stops the loop counter.
 	freezeLoop bool
+	// orphans is the listing's orphaned_transfers (round 2).
+	orphans []pluginapi.OrphanedTransfer
+	// restartAnswer answers POST /admin/restart; nil answers 202.
+	restartAnswer func(pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
+	restarts      []pluginapi.RestartRequest
 	// beforeRead runs at the start of each read, under no lock.
 	beforeRead func(read int)
 }
@@ -56,7 +61,8 @@ func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {
 		f.iterations += 100
 	}
 	return &pluginapi.Listing{APIVersion: 1, Server: f.server, Loop: pluginapi.Loop{Iterations: f.iterations},
-		Queues: pluginapi.Queues{Inflight: len(f.rooms)}, Inflight: append([]pluginapi.Room(nil), f.rooms...)}, nil
+		Queues: pluginapi.Queues{Inflight: len(f.rooms)}, Inflight: append([]pluginapi.Room(nil), f.rooms...),
+		OrphanedTransfers: append([]pluginapi.OrphanedTransfer(nil), f.orphans...)}, nil
 }
 
 func (f *fakePlugin) ForceFail(_ context.Context, req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {

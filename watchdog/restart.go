@@ -1,0 +1,162 @@
+package watchdog
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/go-kit/log/level"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// Restart escalation (sglang-facts §10.1): a transfer worker wedged on a
+// handle that never completes has no in-process fix, and SGLang's own answer
+// to a transfer it cannot recover is to end the server so that the
+// orchestrator restarts it. The watchdog asks the plugin to do the same,
+// only for a diagnosed (never a suspected) wedge that a re-read still
+// shows, at most once per RestartMinInterval for the pod and never twice
+// for the same process.
+
+// procKey names one scheduler process: a restart that reuses the pid is
+// still a new process (rankState.gen).
+type procKey struct {
+	target string
+	pid    int
+	gen    uint64
+}
+
+// escalation is a rank whose diagnosed wedge may be escalated.
+type escalation struct {
+	rank       *rankState
+	proc       procKey
+	iterations uint64
+	queue      int
+	wedge      transferWedge
+	mode       Mode
+}
+
+// restartCandidate picks the rank to restart this cycle, if any. Caller
+// holds w.mu.
+func (w *Watchdog) restartCandidate() *escalation {
+	mode := w.cfg.RestartMode
+	if mode == ModeOff {
+		return nil
+	}
+	if mode == ModeAuto && !w.lastRestart.IsZero() && w.clock.Now().Sub(w.lastRestart) < w.cfg.RestartMinInterval {
+		return nil
+	}
+	for _, rk := range w.ranks {
+		if !rk.status.up || rk.wedged || !rk.loopAdvancing {
+			continue
+		}
+		proc := procKey{target: rk.status.target, pid: rk.server.PID, gen: rk.gen}
+		if w.restarted[proc] {
+			continue
+		}
+		queues := make([]int, 0, len(rk.wedges))
+		for q, tw := range rk.wedges {
+			if tw.diagnosed {
+				queues = append(queues, q)
+			}
+		}
+		if len(queues) == 0 {
+			continue
+		}
+		sort.Ints(queues)
+		return &escalation{rank: rk, proc: proc, iterations: rk.iterations, queue: queues[0], wedge: *rk.wedges[queues[0]], mode: mode}
+	}
+	return nil
+}
+
+// restart re-reads the rank and, if the wedge's evidence is still there
+// in the same process, asks the plugin to end it.
+func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
+	w.act.Lock()
+	defer w.act.Unlock()
+	rk := e.rank
+	l, err := rk.source.Inflight(ctx)
+	if err != nil {
+		level.Warn(w.logger).Log("msg", "restart not requested: re-reading the listing failed", "target", rk.status.target, "err", err)
+		return nil
+	}
+	if l.Server.PID != e.proc.pid || l.Loop.Iterations < e.iterations || !wedgeEvidence(l, e.wedge.room) {
+		level.Info(w.logger).Log("msg", "restart not requested: the wedge's evidence is gone on re-read", "target", rk.status.target,
+			"pid", l.Server.PID, "transfer_queue", e.queue, "room", e.wedge.room)
+		return nil
+	}
+	dry := e.mode == ModeDryRun
+	reason := fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, room %d) for %s", e.queue, e.wedge.rule, e.wedge.room, w.clock.Now().Sub(e.wedge.since).Round(time.Second))
+	var (
+		status int
+		resp   *pluginapi.RestartResponse
+	)
+	r, ok := rk.source.(Restarter)
+	if ok {
+		status, resp, err = r.Restart(ctx, pluginapi.RestartRequest{PID: e.proc.pid, Reason: reason, DryRun: dry})
+	}
+	result := classifyRestart(ok, status, resp, err)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// One call per process, whatever the answer: a timeout may hide a
+	// restart under way, and a refusal will not change for this process.
+	w.restarted[e.proc] = true
+	if !dry {
+		w.lastRestart = w.clock.Now()
+	}
+	w.restarts[result]++
+	fields := []interface{}{"msg", "restart escalation", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
+		"pid", e.proc.pid, "transfer_queue", e.queue, "rule", e.wedge.rule, "room", e.wedge.room, "mode", e.mode,
+		"http_status", status, "result", result, "reason", reason}
+	if resp != nil && resp.Error != "" {
+		fields = append(fields, "plugin_error", resp.Error)
+	}
+	if err != nil {
+		fields = append(fields, "err", err)
+	}
+	if result == RestartWouldRestart {
+		level.Warn(w.logger).Log(fields...)
+	} else {
+		level.Error(w.logger).Log(fields...)
+	}
+	return []Event{{Kind: EventRestart, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel, Room: e.wedge.room,
+		Queue: e.queue, Result: result, Reason: e.wedge.rule}}
+}
+
+// wedgeEvidence tells whether a listing still shows the room a wedge was
+// diagnosed on: in flight in the queue, or orphaned.
+func wedgeEvidence(l *pluginapi.Listing, room uint64) bool {
+	for _, r := range l.Inflight {
+		if r.BootstrapRoom == room && r.TransferInFlight != nil && *r.TransferInFlight {
+			return true
+		}
+	}
+	for _, o := range l.OrphanedTransfers {
+		if o.BootstrapRoom == room {
+			return true
+		}
+	}
+	return false
+}
+
+func classifyRestart(supported bool, status int, resp *pluginapi.RestartResponse, err error) string {
+	switch {
+	case !supported || status == http.StatusNotFound:
+		return RestartUnsupported
+	case err != nil || resp == nil:
+		return RestartError
+	case status == http.StatusAccepted && resp.Result == pluginapi.ResultRestarting:
+		return RestartRestarted
+	case status == http.StatusOK && resp.Result == pluginapi.ResultWouldRestart:
+		return RestartWouldRestart
+	case status == http.StatusForbidden:
+		return RestartDisabled
+	case status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusConflict:
+		return RestartRejected
+	default:
+		return RestartError
+	}
+}
