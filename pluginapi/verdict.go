@@ -6,9 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 )
 
 // The prefill verdict API is served by the prefill-side watchdog, not by
@@ -81,4 +86,140 @@ func FetchVerdict(ctx context.Context, client *http.Client, base string, room ui
 		return v, nil
 	}
 	return RoomVerdict{}, errors.New("prefill watchdog " + url + ": unknown verdict " + strconv.Quote(v.Verdict))
+}
+
+// VerdictClientOptions configure a VerdictClient.
+type VerdictClientOptions struct {
+	// URLTemplate is the base URL of a prefill peer's watchdog with
+	// "{host}" where the host of the decode request's bootstrap_addr
+	// goes, e.g. http://{host}:9433.
+	URLTemplate string
+	// Networks are the networks a bootstrap host must be in; the host
+	// comes from listing data, so nothing outside them is ever asked.
+	Networks []netip.Prefix
+	// Client carries the requests (TLS, authentication). Redirects are
+	// never followed.
+	Client *http.Client
+	// Timeout bounds one lookup.
+	Timeout time.Duration
+	// CacheTTL keeps answers other than "stopped" (and failures) that
+	// long, so that a held request does not cost its prefill peer a
+	// lookup every cycle. "stopped" is never cached: an orphan listed
+	// later turns it into "live".
+	CacheTTL time.Duration
+	// Now is the clock of the cache; nil means time.Now.
+	Now func() time.Time
+}
+
+// maxVerdictCache bounds the cache; it is cleared when full.
+const maxVerdictCache = 4096
+
+type verdictCacheKey struct {
+	host netip.Addr
+	room uint64
+}
+
+type verdictCacheEntry struct {
+	v   RoomVerdict
+	err error
+	at  time.Time
+}
+
+// VerdictClient asks the watchdogs of prefill peers for their verdicts on
+// rooms, restricted to configured networks.
+type VerdictClient struct {
+	opts  VerdictClientOptions
+	mu    sync.Mutex
+	cache map[verdictCacheKey]verdictCacheEntry
+}
+
+// NewVerdictClient checks opts and returns a client.
+func NewVerdictClient(opts VerdictClientOptions) (*VerdictClient, error) {
+	if strings.Count(opts.URLTemplate, "{host}") != 1 {
+		return nil, fmt.Errorf("prefill watchdog URL template %q must contain {host} once", opts.URLTemplate)
+	}
+	u, err := url.Parse(strings.Replace(opts.URLTemplate, "{host}", "127.0.0.1", 1))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("prefill watchdog URL template %q must be an http or https URL with {host} as its host, without user, query or fragment", opts.URLTemplate)
+	}
+	if u.Hostname() != "127.0.0.1" {
+		return nil, fmt.Errorf("prefill watchdog URL template %q must have {host} as its whole host", opts.URLTemplate)
+	}
+	if len(opts.Networks) == 0 {
+		return nil, errors.New("prefill watchdog lookups need at least one allowed network")
+	}
+	if opts.Client == nil {
+		return nil, errors.New("prefill watchdog lookups need an HTTP client")
+	}
+	c := *opts.Client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	opts.Client = &c
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &VerdictClient{opts: opts, cache: map[verdictCacheKey]verdictCacheEntry{}}, nil
+}
+
+// BaseURL returns the prefill watchdog URL for a bootstrap address, or an
+// error, without any request, when its host is not an IP address in the
+// allowed networks.
+func (c *VerdictClient) BaseURL(bootstrapAddr string) (string, netip.Addr, error) {
+	host, _, err := net.SplitHostPort(bootstrapAddr)
+	if err != nil {
+		return "", netip.Addr{}, fmt.Errorf("bootstrap_addr %q: %w", bootstrapAddr, err)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		return "", netip.Addr{}, fmt.Errorf("bootstrap_addr %q: the host must be an IP address (names are never resolved for a lookup)", bootstrapAddr)
+	}
+	ip = ip.Unmap()
+	allowed := false
+	for _, n := range c.opts.Networks {
+		if n.Contains(ip) {
+			allowed = true
+			break
+		}
+	}
+	if !allowed {
+		return "", ip, fmt.Errorf("bootstrap_addr %q is outside the allowed prefill networks: not asked", bootstrapAddr)
+	}
+	h := ip.String()
+	if ip.Is6() {
+		h = "[" + h + "]"
+	}
+	return strings.Replace(c.opts.URLTemplate, "{host}", h, 1), ip, nil
+}
+
+// Verdict asks the watchdog of the prefill peer at bootstrapAddr for its
+// verdict on room.
+func (c *VerdictClient) Verdict(ctx context.Context, bootstrapAddr string, room uint64) (RoomVerdict, error) {
+	base, ip, err := c.BaseURL(bootstrapAddr)
+	if err != nil {
+		return RoomVerdict{}, err
+	}
+	key := verdictCacheKey{ip, room}
+	now := c.opts.Now()
+	c.mu.Lock()
+	e, ok := c.cache[key]
+	c.mu.Unlock()
+	if ok && now.Sub(e.at) < c.opts.CacheTTL {
+		return e.v, e.err
+	}
+	if c.opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)
+		defer cancel()
+	}
+	v, err := FetchVerdict(ctx, c.opts.Client, base, room)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && v.Verdict == VerdictStopped {
+		delete(c.cache, key)
+		return v, nil
+	}
+	if len(c.cache) >= maxVerdictCache {
+		clear(c.cache)
+	}
+	c.cache[key] = verdictCacheEntry{v: v, err: err, at: now}
+	return v, err
 }
