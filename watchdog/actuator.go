@@ -248,9 +248,10 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	}
 	prefillStopped := false
 	if c.key.role == RoleDecode {
+		var cleared bool
 		var held []Event
-		prefillStopped, held = w.decodeCleared(ctx, c, trigger, reread)
-		if held != nil {
+		prefillStopped, cleared, held = w.decodeCleared(ctx, c, trigger, reread)
+		if !cleared {
 			return held
 		}
 	}
@@ -386,9 +387,9 @@ func noChunkInFlight(stages []stageView, reread []entry) bool {
 // decodeCleared applies the safety rule to a decode request re-read on
 // every stage: a transfer that may have started and not finished is
 // released only when SGLang marked the request Failed or the prefill
-// side's verdict is "stopped"; anything else holds it (the returned
-// events). prefillStopped is the assertion the order may carry.
-func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger string, reread []entry) (prefillStopped bool, held []Event) {
+// side's verdict is "stopped"; anything else holds it (cleared false, with
+// the skip's events). prefillStopped is the assertion the order may carry.
+func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger string, reread []entry) (prefillStopped, cleared bool, held []Event) {
 	need, failed := false, true
 	for i := range reread {
 		switch decodeSafety(&reread[i]) {
@@ -399,17 +400,17 @@ func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger strin
 		}
 	}
 	if !need {
-		return failed, nil
+		return failed, true, nil
 	}
 	e := &reread[0]
 	v, err := w.lookupVerdict(ctx, e.addr, c.key.room)
 	switch {
 	case err != nil:
-		return false, w.skip(c, SkipTransferLive, trigger, "held: transfer may be live: the prefill verdict is not available: "+err.Error())
+		return false, false, w.skip(c, SkipTransferLive, trigger, "held: transfer may be live: the prefill verdict is not available: "+err.Error())
 	case v.Verdict != pluginapi.VerdictStopped:
-		return false, w.skip(c, SkipTransferLive, trigger, fmt.Sprintf("held: transfer may be live: prefill verdict %s (%s); SGLang's own timeout releases it", v.Verdict, v.Reason))
+		return false, false, w.skip(c, SkipTransferLive, trigger, fmt.Sprintf("held: transfer may be live: prefill verdict %s (%s); SGLang's own timeout releases it", v.Verdict, v.Reason))
 	}
-	return true, nil
+	return true, true, nil
 }
 
 func stageDetail(answers []stageAnswer) string {
