@@ -25,8 +25,8 @@ type fakeDecode struct {
 	iterations uint64
 	reqs       []pluginapi.DecodeRequest
 	// legacy lists no decode_requests at all (a plugin older than round 3).
-	legacy     bool
-	calls      []pluginapi.ForceFailRequest
+	legacy bool
+	calls  []pluginapi.ForceFailRequest
 	// startedNow marks transfers that began after the last listing: the
 	// plugin checks its live state, the listing lags.
 	startedNow map[string]bool
