@@ -31,6 +31,7 @@ type stageView struct {
 	inFlight      bool
 	dqueue        string
 	started       bool
+	addr          string
 	pid           int
 	iterations    uint64
 	unsupported   bool
@@ -124,7 +125,7 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
 			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlightKnown: r.inFlightKnown, inFlight: r.inFlightKnown && r.inFlight,
-				dqueue: r.dqueue, started: r.started, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+				dqueue: r.dqueue, started: r.started, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked
@@ -211,6 +212,18 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
 		}
 	}
+	// The safety rule comes before the re-reads: a held request costs its
+	// plugins no listing. The re-read below cancels the call if anything
+	// the rule read (poll, queue, transfer_started) changed since.
+	prefillStopped := false
+	if c.key.role == RoleDecode {
+		var cleared bool
+		var held []Event
+		prefillStopped, cleared, held = w.decodeCleared(ctx, c, trigger)
+		if !cleared {
+			return held
+		}
+	}
 	// The re-reads below cost the plugins a full listing each: only make
 	// them for a call the rate limit would let through.
 	if !w.callAvailable(c.failFast) {
@@ -245,15 +258,6 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	}
 	if len(targets) == 0 {
 		return w.skip(c, SkipGone, trigger, "the request left the listing before the call")
-	}
-	prefillStopped := false
-	if c.key.role == RoleDecode {
-		var cleared bool
-		var held []Event
-		prefillStopped, cleared, held = w.decodeCleared(ctx, c, trigger, reread)
-		if !cleared {
-			return held
-		}
 	}
 	if !w.allowCall(c.failFast) {
 		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.failFast))
@@ -384,15 +388,15 @@ func noChunkInFlight(stages []stageView, reread []entry) bool {
 	return true
 }
 
-// decodeCleared applies the safety rule to a decode request re-read on
-// every stage: a transfer that may have started and not finished is
-// released only when SGLang marked the request Failed or the prefill
+// decodeCleared applies the safety rule to a decode request on every
+// stage that holds it: a transfer that may have started and not finished
+// is released only when SGLang marked the request Failed or the prefill
 // side's verdict is "stopped"; anything else holds it (cleared false, with
 // the skip's events). prefillStopped is the assertion the order may carry.
-func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger string, reread []entry) (prefillStopped, cleared bool, held []Event) {
-	need, failed := false, true
-	for i := range reread {
-		switch decodeSafety(&reread[i]) {
+func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger string) (prefillStopped, cleared bool, held []Event) {
+	need, failed := false, len(c.stages) > 0
+	for _, s := range c.stages {
+		switch decodeSafety(s.poll, s.started) {
 		case needVerdict:
 			need, failed = true, false
 		case clearNotStarted:
@@ -402,8 +406,7 @@ func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger strin
 	if !need {
 		return failed, true, nil
 	}
-	e := &reread[0]
-	v, err := w.lookupVerdict(ctx, e.addr, c.key.room)
+	v, err := w.lookupVerdict(ctx, c.stages[0].addr, c.key.room)
 	switch {
 	case err != nil:
 		return false, false, w.skip(c, SkipTransferLive, trigger, "held: transfer may be live: the prefill verdict is not available: "+err.Error())

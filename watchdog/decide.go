@@ -163,13 +163,14 @@ const (
 	needVerdict
 )
 
-// decodeSafety applies the safety rule to a decode request as re-read
-// right before the call.
-func decodeSafety(e *entry) decodeClearance {
+// decodeSafety applies the safety rule to one stage of a decode request:
+// its poll and whether its transfer may have started (unknown counts as
+// started).
+func decodeSafety(poll string, started bool) decodeClearance {
 	switch {
-	case e.poll == pluginapi.PollFailed:
+	case poll == pluginapi.PollFailed:
 		return clearFailed
-	case !e.started:
+	case !started:
 		return clearNotStarted
 	}
 	return needVerdict

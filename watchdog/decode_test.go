@@ -298,6 +298,9 @@ func TestDecodeStartedTransferHeld(t *testing.T) {
 			if n := len(d.orders()); n != 0 {
 				t.Fatalf("%d force-fail calls for a transfer that may be live", n)
 			}
+			if d.reads != 120 {
+				t.Fatalf("%d listing reads in 120 cycles: a held request must cost no re-read", d.reads)
+			}
 			r := h.rank(RoleDecode)
 			if r.Stuck != 1 || r.Unactionable[SkipTransferLive] != 1 || h.skips(SkipTransferLive) != 1 {
 				t.Fatalf("stuck %d, unactionable %v, skips %d; want one request held as transfer_live, counted once", r.Stuck, r.Unactionable, h.skips(SkipTransferLive))
