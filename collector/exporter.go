@@ -159,7 +159,7 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 		gauge(e.gaugeUnchanged, g.Unchanged.Seconds(), k.Queue, k.DP, k.PP, k.TP)
 	}
 
-	for _, role := range watchdog.Roles {
+	for _, role := range s.Roles {
 		for _, res := range watchdog.Results {
 			for _, tr := range watchdog.Triggers {
 				counter(e.forceFails, float64(s.RoleForceFails[[3]string{res, tr, role}]), res, tr, role)

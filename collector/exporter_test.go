@@ -80,6 +80,7 @@ func goldenSnapshot() watchdog.Snapshot {
 		RoleSkips:      skips,
 		VerdictLookups: map[string]uint64{pluginapi.VerdictStopped: 2, pluginapi.VerdictLive: 1, pluginapi.VerdictUnknown: 3, "error": 1},
 		LedgerRooms:    5,
+		Roles:          watchdog.Roles,
 		Webhook:        map[string]uint64{watchdog.WebhookAccepted: 2},
 		Restarts:       map[string]uint64{watchdog.RestartRestarted: 1},
 		TrackedRooms:   3,
@@ -160,5 +161,35 @@ sglang_watchdog_transfer_wedged{dp_rank="0",pp_rank="0",role="prefill"} 1
 	}
 	if snap.Ranks[0].ByPoll[pluginapi.PollTransferring] != 2 {
 		t.Fatal("merging changed the snapshot it was given")
+	}
+}
+
+// A watchdog that never listed a decode rank exports no decode counters,
+// so that prefill-only deployments keep their series.
+func TestExporterDecodeCountersOnlyOnceDecodeIsSeen(t *testing.T) {
+	snap := goldenSnapshot()
+	snap.Ranks = snap.Ranks[:1]
+	snap.Roles = []string{watchdog.RolePrefill}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewExporter(func() watchdog.Snapshot { return snap }))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefill := 0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "role" && lp.GetValue() == watchdog.RoleDecode {
+					t.Errorf("%s has a role=\"decode\" series without a decode rank", mf.GetName())
+				}
+				if lp.GetName() == "role" && lp.GetValue() == watchdog.RolePrefill && mf.GetName() == "sglang_watchdog_force_fails_total" {
+					prefill++
+				}
+			}
+		}
+	}
+	if prefill != len(watchdog.Results)*len(watchdog.Triggers) {
+		t.Errorf("%d prefill force-fail series, want every result and trigger", prefill)
 	}
 }

@@ -42,8 +42,10 @@ const (
 type RoomVerdict struct {
 	Room    string `json:"room"`
 	Verdict string `json:"verdict"`
-	// ReleasedUnix is when the room was released (stopped, live).
-	ReleasedUnix float64 `json:"released_unix,omitempty"`
+	// ReleasedSecondsAgo is how long ago the answering watchdog released
+	// the room (stopped, live); a duration, so that no two hosts' wall
+	// clocks are compared.
+	ReleasedSecondsAgo float64 `json:"released_seconds_ago,omitempty"`
 	Reason       string  `json:"reason,omitempty"`
 }
 

@@ -156,7 +156,7 @@ func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerd
 		v.Reason = "not released by this watchdog in the last " + w.cfg.LedgerTTL.String()
 		return v
 	}
-	v.ReleasedUnix = float64(e.at.UnixNano()) / 1e9
+	v.ReleasedSecondsAgo = now.Sub(e.at).Seconds()
 	switch {
 	case e.orphaned:
 		v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer after its release"

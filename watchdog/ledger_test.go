@@ -57,7 +57,7 @@ func TestLedgerVerdicts(t *testing.T) {
 		if p.callCount() != 1 || len(d.orders()) != 0 {
 			t.Fatalf("prefill calls %d, decode calls %d; want the prefill room released first", p.callCount(), len(d.orders()))
 		}
-		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictStopped || v.Room != "11" {
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictStopped || v.Room != "11" || v.ReleasedSecondsAgo < 1 {
 			t.Fatalf("verdict %+v, want stopped", v)
 		}
 		h.tick(1)

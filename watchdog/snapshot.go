@@ -25,6 +25,9 @@ type Snapshot struct {
 	Skips          map[string]uint64
 	RoleForceFails map[[3]string]uint64
 	RoleSkips      map[[2]string]uint64
+	// Roles are the roles whose role-labelled counters are exported:
+	// prefill always, decode once a decode rank was listed.
+	Roles []string
 	// VerdictLookups counts prefill verdict lookups by answer (every
 	// VerdictAnswers value present); LedgerRooms is the size of the
 	// ledger of rooms released on prefill.
@@ -97,6 +100,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 		RoleSkips:      map[[2]string]uint64{},
 		VerdictLookups: map[string]uint64{},
 		LedgerRooms:    w.ledger.len(),
+		Roles:          []string{RolePrefill},
 		Webhook:        map[string]uint64{},
 		Restarts:       map[string]uint64{},
 		TrackedRooms:   w.tracked,
@@ -116,6 +120,9 @@ func (w *Watchdog) Snapshot() Snapshot {
 			s.RoleSkips[[2]string{r, role}] = n
 			s.Skips[r] += n
 		}
+	}
+	if w.decodeSeen {
+		s.Roles = append(s.Roles, RoleDecode)
 	}
 	for _, v := range VerdictAnswers {
 		s.VerdictLookups[v] = w.lookups[v]

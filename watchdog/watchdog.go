@@ -123,6 +123,9 @@ type Watchdog struct {
 	// listings report beyond those watched, for logging changes.
 	missingStages map[rankID]int
 
+	// decodeSeen: a decode rank was listed; only then are the decode
+	// series of role-labelled counters exported.
+	decodeSeen bool
 	forceFails map[[3]string]uint64 // result, trigger, role
 	skips      map[[2]string]uint64 // reason, role
 	// ledger holds the rooms this watchdog released on prefill, for the
@@ -455,6 +458,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	}
 	rk.server = l.Server
 	rk.role = roleOf(l)
+	w.decodeSeen = w.decodeSeen || rk.role == RoleDecode
 	if rk.role == RoleDecode && l.DecodeRequests == nil && !rk.noDecodeSupport {
 		rk.noDecodeSupport = true
 		level.Error(w.logger).Log("msg", "decode plugin without decode support (no decode_requests in its listing): nothing on this rank is watched or acted on; upgrade the plugin",
