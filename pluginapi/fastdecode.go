@@ -350,6 +350,8 @@ func (d *fastDecoder) server(s *Server) func([]byte) bool {
 			s.TransferQueues, ok = d.intPtr()
 		case "deferred_release":
 			s.DeferredRelease, ok = d.boolPtr()
+		case "transfer_tracking":
+			s.TransferTracking, ok = d.boolPtr()
 		}
 		return ok
 	}

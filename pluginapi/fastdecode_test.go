@@ -24,7 +24,8 @@ func FuzzDecodeWireFast(f *testing.F) {
 	// repeated forms.
 	f.Add([]byte(decodeListing))
 	f.Add([]byte(`{"api_version":1,"server":{"disaggregation_mode":"decode","deferred_release":null},"loop":{},"inflight":[],"queues":{"prealloc":0,"transfer":2},"decode_requests":null}`))
-	f.Add([]byte(`{"api_version":1,"server":{"deferred_release":false},"loop":{},"inflight":[],"decode_requests":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{"deferred_release":false,"transfer_tracking":true},"loop":{},"inflight":[],"decode_requests":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{"transfer_tracking":null,"transfer_tracking":false},"loop":{},"inflight":[]}`))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"prealloc","poll":"Failed","chunks_expected":1,"chunks_expected":null,"transfer_started":true,"transfer_started":null}],"decode_requests":[{"rid":"b"}]}`))
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
 	for _, p := range files {

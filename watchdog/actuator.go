@@ -29,6 +29,7 @@ type stageView struct {
 	progress      int64
 	inFlightKnown bool
 	inFlight      bool
+	tracked       bool // the listing's server.transfer_tracking
 	dqueue        string
 	started       bool
 	addr          string
@@ -125,7 +126,7 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
 			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlightKnown: r.inFlightKnown, inFlight: r.inFlightKnown && r.inFlight,
-				dqueue: r.dqueue, started: r.started, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+				tracked: rk.server.TransferTracking != nil && *rk.server.TransferTracking, dqueue: r.dqueue, started: r.started, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked
@@ -378,10 +379,12 @@ func failureFamily(e *entry) string {
 }
 
 // noChunkInFlight tells whether the plugin reported no chunk of the room
-// in flight on every stage, both at the decision and at the re-read.
+// in flight on every stage, both at the decision and at the re-read, from
+// a backend whose in-flight chunks it can see (transfer_tracking): an
+// untracked false only means the backend exposes nothing.
 func noChunkInFlight(stages []stageView, reread []entry) bool {
 	for i, s := range stages {
-		if !s.inFlightKnown || s.inFlight || reread[i].inFlight == nil || *reread[i].inFlight {
+		if !s.tracked || !reread[i].tracked || !s.inFlightKnown || s.inFlight || reread[i].inFlight == nil || *reread[i].inFlight {
 			return false
 		}
 	}

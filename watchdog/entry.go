@@ -13,9 +13,12 @@ type entry struct {
 	progress int64
 	health   bool
 	prompt   int
-	// Prefill only (nil on decode and with an older plugin).
+	// Prefill only (nil on decode and with an older plugin). tracked: the
+	// listing says inFlight is read from the backend (server
+	// transfer_tracking), so that false means no chunk in flight.
 	inFlight *bool
 	queue    *int
+	tracked  bool
 	// Decode only.
 	dqueue  string
 	started bool
@@ -43,11 +46,12 @@ func entries(l *pluginapi.Listing) []entry {
 		}
 		return out
 	}
+	tracked := l.Server.TransferTracking != nil && *l.Server.TransferTracking
 	out := make([]entry, len(l.Inflight))
 	for i := range l.Inflight {
 		r := &l.Inflight[i]
 		out[i] = entry{rid: r.RID, room: r.BootstrapRoom, addr: r.BootstrapAddr, poll: r.Poll, age: r.AgeSeconds, progress: r.Progress,
-			health: r.HealthCheck, prompt: r.PromptTokens, inFlight: r.TransferInFlight, queue: r.TransferQueue}
+			health: r.HealthCheck, prompt: r.PromptTokens, inFlight: r.TransferInFlight, queue: r.TransferQueue, tracked: tracked}
 	}
 	return out
 }

@@ -123,9 +123,10 @@ func (w *Watchdog) PrefillVerdict(room uint64) pluginapi.RoomVerdict {
 
 // prefillVerdict: in_queue while a prefill listing holds the room; live
 // while one lists it as an orphaned transfer, or when it was released
-// with a chunk in flight (or not reported); stopped only when released
-// with none in flight and never orphaned since, while every prefill rank
-// is read; unknown otherwise. Caller holds w.mu.
+// with a chunk in flight or by a plugin that cannot see chunks in flight;
+// stopped only when released with none in flight and never orphaned
+// since, while every prefill rank is read; unknown otherwise. Caller holds
+// w.mu.
 func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerdict {
 	v := pluginapi.RoomVerdict{Room: strconv.FormatUint(room, 10), Verdict: pluginapi.VerdictUnknown}
 	if room == 0 {
@@ -161,7 +162,7 @@ func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerd
 	case e.orphaned:
 		v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer after its release"
 	case !e.stopped:
-		v.Verdict, v.Reason = pluginapi.VerdictLive, "a chunk was in flight at the release, or transfer_in_flight was not reported"
+		v.Verdict, v.Reason = pluginapi.VerdictLive, "a chunk was in flight at the release, or the plugin cannot see chunks in flight (no transfer_tracking)"
 	case down != "":
 		v.Reason = "released with no chunk in flight, but the listing of " + down + " failed: an orphan could go unseen"
 	default:

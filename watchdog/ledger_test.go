@@ -45,6 +45,7 @@ func TestLedgerTTLAndCap(t *testing.T) {
 func combined(t *testing.T, prefillRoom pluginapi.Room) (*decodeHarness, *fakePlugin, *fakeDecode) {
 	t.Helper()
 	p, d := newFakePlugin("http://127.0.0.1:30100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
+	p.server.TransferTracking = boolp(true)
 	p.set(prefillRoom)
 	d.set(dreq(prefillRoom.RID, prefillRoom.BootstrapRoom, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 100, boolp(true)))
 	return newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil), p, d
@@ -81,6 +82,22 @@ func TestLedgerVerdicts(t *testing.T) {
 		}
 		if n := len(d.orders()); n != 0 || h.skips(SkipTransferLive) != 1 {
 			t.Fatalf("%d decode calls, %d held; want the decode request held", n, h.skips(SkipTransferLive))
+		}
+	})
+	t.Run("not in flight, but the backend exposes nothing: live", func(t *testing.T) {
+		// transfer_in_flight false without transfer_tracking (Mooncake, an
+		// older plugin) proves nothing: its worker may still write.
+		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
+		p.server.TransferTracking = nil
+		h.tick(110)
+		if p.callCount() != 1 {
+			t.Fatalf("prefill calls %d, want 1", p.callCount())
+		}
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+			t.Fatalf("verdict %+v, want live", v)
+		}
+		if n := len(d.orders()); n != 0 {
+			t.Fatalf("%d decode calls, want the request held", n)
 		}
 	})
 	t.Run("in flight at release: live", func(t *testing.T) {
@@ -125,6 +142,7 @@ func TestLedgerVerdicts(t *testing.T) {
 // watchdog asks it through the real client.
 func TestVerdictOverHTTP(t *testing.T) {
 	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p.server.TransferTracking = boolp(true)
 	p.set(r2room("a", 1<<64-1, 0, 0, false))
 	pre := newDecodeHarness(t, []*fakePlugin{p}, nil, nil)
 	var hits atomic.Int64
