@@ -46,7 +46,7 @@ type RoomVerdict struct {
 	// the room (stopped, live); a duration, so that no two hosts' wall
 	// clocks are compared.
 	ReleasedSecondsAgo float64 `json:"released_seconds_ago,omitempty"`
-	Reason       string  `json:"reason,omitempty"`
+	Reason             string  `json:"reason,omitempty"`
 }
 
 // maxVerdictBytes caps a verdict body: a few hundred bytes in practice.
