@@ -63,7 +63,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		skips: desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live) and role; each request counts once per reason.",
 			"reason", "role"),
 		mode:      desc("force_fail_mode", "1 for the current force-fail mode (off, dry-run, auto), 0 for the others.", "mode"),
-		tracked:   desc("tracked_rooms", "Inflight requests the watchdog currently remembers."),
+		tracked:   desc("tracked_rooms", "Requests the watchdog currently remembers: prefill inflight rooms and decode requests."),
 		limitHits: desc("room_limit_hits_total", "Listings that held more rooms than the room limit; the excess was not tracked and is never acted on."),
 		lastCycle: desc("last_cycle_duration_seconds", "Duration of the last watch cycle: listing reads, decisions and admin calls."),
 		webhook:   desc("alert_webhook_requests_total", "Alertmanager webhook deliveries by result (accepted, ignored, bad_request, disabled).", "result"),
