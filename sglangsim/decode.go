@@ -3,6 +3,7 @@ package sglangsim
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,7 +90,7 @@ type dreq struct {
 }
 
 func (d *dreq) healthCheck() bool {
-	return d.fake || d.room == 0 || d.addr == FakeBootstrapHost || len(d.rid) >= len(HealthCheckPrefix) && d.rid[:len(HealthCheckPrefix)] == HealthCheckPrefix
+	return d.fake || d.room == 0 || d.addr == FakeBootstrapHost || strings.HasPrefix(d.rid, HealthCheckPrefix)
 }
 
 // taint is a freed page slot that a prefill write may still land in.
@@ -180,12 +181,10 @@ func (s *Sim) prefillView(d *dreq, now time.Time) pview {
 }
 
 // deathOf is when the prefill processes of generation gen ended; zero
-// while they live.
+// while they live. Lock-free: decode asks for every request on every pass.
 func (s *Sim) deathOf(gen int) time.Time {
-	s.cfgMu.RLock()
-	defer s.cfgMu.RUnlock()
-	if gen < len(s.restartTimes) {
-		return s.restartTimes[gen]
+	if p := s.restartTimes.Load(); p != nil && gen < len(*p) {
+		return (*p)[gen]
 	}
 	return time.Time{}
 }

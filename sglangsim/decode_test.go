@@ -512,3 +512,34 @@ func TestListenDecode(t *testing.T) {
 		t.Fatal("decode /metrics answered while booting")
 	}
 }
+
+// TestDecodeLive: with Start running, a decode order is picked up by the
+// decode rank's own loop and the request leaves on its next pass.
+func TestDecodeLive(t *testing.T) {
+	s, c := newSim(t, Options{})
+	rid, _ := s.Inject(0, PinAbortBeforeRegister)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.Start(ctx)
+	c.Advance(time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if d, ok := decodeReq(s.DecodeListing(0), rid); ok && d.Queue == pluginapi.DecodeQueueTransfer {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never reached the transfer queue: %+v", s.DecodeListing(0))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mustDecodeFlip(t, s, rid, false, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
+	for {
+		if r := recordOf(t, s, rid); r.DecodeEnd == DecodeForceFail && !r.DecodeReleased.IsZero() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not released: %+v", recordOf(t, s, rid))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

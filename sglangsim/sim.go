@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
@@ -340,8 +341,9 @@ type Sim struct {
 	gen       int       // restart generation, guarded by cfgMu
 	quiet     bool      // no arrivals and no health checks (parity scene), guarded by cfgMu
 	downUntil time.Time // the server boots until then, guarded by cfgMu
-	// restartTimes[g] is when prefill generation g ended; guarded by cfgMu.
-	restartTimes    []time.Time
+	// restartTimes[g] is when prefill generation g ended; replaced whole
+	// under cfgMu on each restart.
+	restartTimes    atomic.Pointer[[]time.Time]
 	decodeGen       int       // guarded by cfgMu
 	decodeDownUntil time.Time // guarded by cfgMu
 }
@@ -600,7 +602,12 @@ func (s *Sim) restartServer(now time.Time) {
 	s.restartMu.Lock()
 	defer s.restartMu.Unlock()
 	s.cfgMu.Lock()
-	s.restartTimes = append(s.restartTimes, now)
+	var ended []time.Time
+	if p := s.restartTimes.Load(); p != nil {
+		ended = slices.Clone(*p)
+	}
+	ended = append(ended, now)
+	s.restartTimes.Store(&ended)
 	s.gen++
 	gen, quiet := s.gen, s.quiet
 	up := now.Add(s.opts.BootTime)
