@@ -543,3 +543,38 @@ func TestDecodeLive(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestDecodeRestart: POST /admin/restart on a decode listener restarts the
+// decode server only; its requests are lost, and a request that arrives
+// while it boots is seen once it is back.
+func TestDecodeRestart(t *testing.T) {
+	s, c := newSim(t, Options{Token: "tok", AllowRestart: true})
+	lost, _ := s.Submit(RequestSpec{Behavior: BehaviorSlow, Transfer: -1})
+	run(s, c, time.Second, 100*time.Millisecond)
+	pid, prefillPID := s.DecodeListing(0).Server.PID, s.Listing(0).Server.PID
+	if st, rr := s.DecodeAdminRestart(0, pluginapi.RestartRequest{PID: prefillPID}, "Bearer tok"); st != 409 || rr.PID != pid {
+		t.Fatalf("prefill's pid: %d %+v", st, rr)
+	}
+	if st, rr := s.DecodeAdminRestart(0, pluginapi.RestartRequest{PID: pid}, "Bearer tok"); st != 202 || rr.Result != pluginapi.ResultRestarting {
+		t.Fatalf("restart: %d %+v", st, rr)
+	}
+	restartAt := c.Now()
+	if !s.DecodeBooting() || s.Booting() {
+		t.Fatal("the wrong server went down")
+	}
+	if r := recordOf(t, s, lost); r.DecodeEnd != DecodeRestarted || !r.DecodeReleased.Equal(restartAt) {
+		t.Fatalf("lost: %+v", r)
+	}
+	late, _ := s.Submit(RequestSpec{Behavior: BehaviorSlow, Transfer: -1})
+	run(s, c, DefaultBootTime+time.Second, 100*time.Millisecond)
+	l := s.DecodeListing(0)
+	if l.Server.PID == pid || s.Listing(0).Server.PID != prefillPID {
+		t.Fatalf("pids after the restart: decode %d, prefill %d", l.Server.PID, s.Listing(0).Server.PID)
+	}
+	if d := mustDecodeReq(t, l, late); d.AgeSeconds != 1 {
+		t.Fatalf("late arrival %+v", d)
+	}
+	if _, ok := decodeReq(l, lost); ok {
+		t.Fatal("a request survived the decode restart")
+	}
+}

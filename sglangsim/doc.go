@@ -332,7 +332,8 @@
 // pages were freed under a live transfer and whether another request's late
 // write corrupted it), so tests can assert that a watchdog never
 // force-failed a progressing request nor freed pages under a live transfer
-// (no Record.UnsafeFree == DecodeForceFail, Corruptions empty), and
+// (no Record.UnsafeFree and no Corruption with cause DecodeForceFail; SGLang's
+// own timeout may cause some on a wedged worker), and
 // benchmarks can report decode slot hold times. SetScenario("parity") sets
 // up the fixed scene that the Python stand-in reproduces for the
 // cross-language test.
