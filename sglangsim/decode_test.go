@@ -578,3 +578,20 @@ func TestDecodeRestart(t *testing.T) {
 		t.Fatal("a request survived the decode restart")
 	}
 }
+
+// TestDecodePP: decode hears from every prefill PP stage: progress sums
+// the stages' chunks, and the request succeeds only when every stage
+// delivered; a pin on one stage keeps it waiting.
+func TestDecodePP(t *testing.T) {
+	s, c := newSim(t, Options{PPSize: 2})
+	rid, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinStages: []int{1}, PromptTokens: 4096,
+		Transfer: 2 * time.Second, FreezeAt: 2})
+	run(s, c, 5*time.Second, 100*time.Millisecond)
+	d := mustDecodeReq(t, s.DecodeListing(0), rid)
+	if d.ChunksExpected == nil || *d.ChunksExpected != 8 || d.Progress != 4+2 || !*d.TransferStarted {
+		t.Fatalf("PP2 %+v", d)
+	}
+	if st, resp := decodeFF(s, rid, false, true); st != 409 || resp.Result != pluginapi.ResultTransferLive {
+		t.Fatalf("%d %+v", st, resp)
+	}
+}
