@@ -457,7 +457,7 @@ func TestDecodeHoldTimes(t *testing.T) {
 		if r.DecodeReleased.IsZero() || r.UnsafeFree != "" {
 			t.Fatalf("%+v", r)
 		}
-		return r.DecodeReleased.Sub(r.DecodeAdmitted)
+		return r.DecodeHold()
 	}
 	if stock, early := hold(false), hold(true); stock != DefaultDecodeWaitingTimeout || early > 6*time.Second {
 		t.Fatalf("hold times: stock %v, early %v", stock, early)

@@ -321,7 +321,18 @@ type Record struct {
 	CorruptedBy string
 }
 
-// Sim is a simulated SGLang PD prefill server. All methods are safe for
+// DecodeHold is how long decode held the request's slot and KV pages
+// (DecodeAdmitted to DecodeReleased); 0 while it still holds them or if the
+// request never reached decode.
+func (r Record) DecodeHold() time.Duration {
+	if r.DecodeAdmitted.IsZero() || r.DecodeReleased.IsZero() {
+		return 0
+	}
+	return r.DecodeReleased.Sub(r.DecodeAdmitted)
+}
+
+// Sim is a simulated SGLang PD prefill server and the decode server it
+// feeds. All methods are safe for
 // concurrent use.
 type Sim struct {
 	opts   Options
