@@ -332,8 +332,7 @@ func (r Record) DecodeHold() time.Duration {
 }
 
 // Sim is a simulated SGLang PD prefill server and the decode server it
-// feeds. All methods are safe for
-// concurrent use.
+// feeds. All methods are safe for concurrent use.
 type Sim struct {
 	opts   Options
 	clock  clock.Clock
