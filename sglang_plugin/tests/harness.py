@@ -14,6 +14,7 @@ from . import standins
 # The .pth path patches SGLang's mixin the same way.
 hook.install(standins.PrefillMixin)
 hook.install(standins.OldPrefillMixin)
+hook.install(standins.EarlyPrefillMixin)
 
 
 def plugin_env(**overrides):
