@@ -247,24 +247,29 @@ class Monitor:
                     facts = facts._replace(transfer_queue=self._transfer_queue(req, facts.bootstrap_room))
             if facts is not None:
                 rooms[id(req)] = _observed(req, facts)
-        if self._orphans or len(rooms) < len(known) or any(key not in rooms for key in known):
-            self._track_orphans(known, rooms)
+        departed = known.keys() - rooms.keys()
+        if departed or self._orphans:
+            self._track_orphans(known, departed, rooms)
         # A fresh dict: released requests are let go, and readers of the
         # previous snapshot keep a dict that no longer changes.
         self._rooms = rooms
         self._handled_order = False
         self._next_reobserve = now + self._reobserve_interval
 
-    def _track_orphans(self, known, rooms):
+    def _track_orphans(self, known, departed, rooms):
         """Rooms that left the queue while the manager still counts chunks for them."""
         orphans = self._orphans
-        listed = {room[1].bootstrap_room for room in rooms.values()}
-        for key, room in known.items():
-            if key in rooms or len(orphans) >= MAX_ORPHANS:
-                continue
-            sender, facts = getattr(room[0], "disagg_kv_sender", None), room[1]
+        for key in departed:
+            if len(orphans) >= MAX_ORPHANS:
+                break
+            req, facts = known[key][0], known[key][1]
+            sender = getattr(req, "disagg_kv_sender", None)
             if outstanding_chunks(sender, facts.bootstrap_room):
                 orphans[facts.bootstrap_room] = (sender, facts.transfer_queue)
+        if not orphans:
+            self._orphan_rows = ()
+            return
+        listed = {room[1].bootstrap_room for room in rooms.values()}
         rows = []
         for bootstrap_room, (sender, queue) in list(orphans.items()):
             count = outstanding_chunks(sender, bootstrap_room)
