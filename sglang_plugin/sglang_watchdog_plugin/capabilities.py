@@ -83,9 +83,8 @@ def detect(sender_cls, manager_cls, pass_problem):
     elif _has_send_failed(sender_cls):
         missing.append(f"{name}.poll() does not read _send_failed")
     if not levers:
-        return Capabilities((), f"{name}: " + "; ".join(missing or ["no lever makes poll() return Failed"]))
-    # A lever missing next to a working one is worth a note only if it is the NIXL flip.
-    return Capabilities(tuple(levers), "" if not missing or SEND_FAILED in levers else f"{name}: {missing[0]}")
+        return Capabilities((), "; ".join(missing or [f"no lever makes {name}.poll() return Failed"]))
+    return Capabilities(tuple(levers), "; ".join(missing))
 
 
 def _abort_works(sender_cls, manager_cls, poll_reads):

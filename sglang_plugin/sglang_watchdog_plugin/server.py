@@ -218,17 +218,22 @@ class _Handler(BaseHTTPRequestHandler):
         length = self._content_length()
         outcome = self._refusal(path) or self._body_problem(length)
         if outcome is not None:
-            self._send_json(outcome.status, outcome.body)
+            self._send_json(outcome.status, self._for_path(path, outcome.body))
             self._drain(length or 0)
             return
         payload = _json_object(self.rfile.read(length))
         if isinstance(payload, Outcome):
-            self._send_json(payload.status, payload.body)
+            self._send_json(payload.status, self._for_path(path, payload.body))
         elif path == "/admin/force_fail":
             outcome = self._force_fail(payload)
             self._send_json(outcome.status, outcome.body)
         else:
             self._restart(payload)
+
+    @staticmethod
+    def _for_path(path, body):
+        # Every answer of /admin/restart names this process.
+        return {**body, "pid": os.getpid()} if path == "/admin/restart" else body
 
     def _refusal(self, path):
         config = self.config
@@ -288,7 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             outcome = monitor.restart(pid, dry_run)
         self.close_connection = outcome.status == 202
-        self._send_json(outcome.status, outcome.body)
+        self._send_json(outcome.status, self._for_path("/admin/restart", outcome.body))
         if outcome.status != 202:
             return
         self.wfile.flush()

@@ -66,7 +66,8 @@ class RestartTest(unittest.TestCase):
         ]
         for payload, token, status, result in cases:
             got_status, body = self.restart(client, payload, token=token)
-            self.assertEqual((got_status, body["result"]), (status, result), payload)
+            self.assertEqual((got_status, body["result"], body["pid"]), (status, result, me), payload)
+            self.assertEqual("error" in body, status >= 400)
         self.assertEqual(self.restart(client, None, raw=b"[" * 60000)[1]["result"], "bad_request")
         body = self.restart(client, {"pid": me + 1})[1]
         self.assertEqual(body["pid"], me)
