@@ -127,6 +127,18 @@ class DetectionTest(unittest.TestCase):
         self.assertFalse(capabilities._failed_sticks(namespace["Manager"]))
         self.assertTrue(capabilities._failed_sticks(standins.KVManager))
 
+    def test_partial_levers_say_why(self):
+        caps = capabilities.detect(standins.NixlKVSender, standins.Mid2025NixlKVManager, "")
+        self.assertEqual(caps.levers, ("_send_failed",))
+        self.assertIn("update_status does not let Failed override", caps.note)
+
+        class Silent(standins.MooncakeKVSender):
+            def abort(self):
+                pass  # BaseKVSender.abort
+
+        caps = capabilities.detect(Silent, standins.KVManager, "")
+        self.assertEqual(caps, capabilities.Capabilities((), "Silent.abort() does nothing"))
+
     def test_queue_keys(self):
         newest = standins.NewestNixlKVManager()
         newest.register_destinations(1, (17001, 17002))
