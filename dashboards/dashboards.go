@@ -53,6 +53,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
 	"github.com/grafana/grafana-foundation-sdk/go/stat"
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
+
+	"github.com/sglang-watchdog/sglang-watchdog/alerts"
 )
 
 const (
@@ -103,6 +105,10 @@ func Dashboard() (dashboard.Dashboard, error) {
 		b = b.WithVariable(variableBuilder(v))
 	}
 
+	for _, a := range annotations() {
+		b = b.Annotation(annotationBuilder(a))
+	}
+
 	rows := layout()
 	rowIDs, placed := assignIDs(rows)
 	next := 0
@@ -113,7 +119,22 @@ func Dashboard() (dashboard.Dashboard, error) {
 			next++
 		}
 	}
-	return b.Build()
+	d, err := b.Build()
+	if err != nil {
+		return d, err
+	}
+	// The SDK fills in the interval variable's auto, auto_min and auto_count
+	// on every variable; Grafana's schema allows them on none of ours.
+	for i := range d.Templating.List {
+		v := &d.Templating.List[i]
+		v.Auto, v.AutoMin, v.AutoCount = nil, nil, nil
+	}
+	// Annotation toggles stay above the panels, where Grafana puts them by
+	// default, not in the SDK's controls menu.
+	for i := range d.Annotations.List {
+		d.Annotations.List[i].Placement = nil
+	}
+	return d, nil
 }
 
 // datasourceRef points at the data source variable.
@@ -122,18 +143,44 @@ func datasourceRef() common.DataSourceRef {
 	return common.DataSourceRef{Type: &typ, Uid: &uid}
 }
 
+// watchdogSelector selects the watchdog's scrape jobs in the variable
+// queries; the mixin replaces it with _config.watchdogSelector.
+const watchdogSelector = alerts.WatchdogJobSelector
+
+// The cluster, namespace and job variables list what the watchdogs report,
+// each narrowed by the variables before it.
+const (
+	variableQueryCluster   = `label_values(sglang_watchdog_build_info{` + watchdogSelector + `}, cluster)`
+	variableQueryNamespace = `label_values(sglang_watchdog_build_info{` + watchdogSelector + `, ` + matchCluster + `}, namespace)`
+	variableQueryJob       = `label_values(sglang_watchdog_build_info{` + watchdogSelector + `, ` + matchCluster + `, ` + matchNamespace + `}, job)`
+)
+
 // variableQueryInstance lists the hosts of watchdogs and PD SGLang servers.
-const variableQueryInstance = `label_values({__name__=~"sglang_watchdog_build_info|sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs"}, instance)`
+const variableQueryInstance = `label_values({__name__=~"sglang_watchdog_build_info|sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs", ` + matchCluster + `, ` + matchNamespace + `}, instance)`
 
 // variableQueryModel folds the ~v0.3.5-era "name" label into model_name, so
 // that servers of every era list their model.
-const variableQueryModel = `query_result(count by (model_name) (label_replace({__name__=~"sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs|sglang:num_running_reqs", ` + matchInstance + `}, "model_name", "$1", "name", "(.+)")))`
+const variableQueryModel = `query_result(count by (model_name) (label_replace({__name__=~"sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs|sglang:num_running_reqs", ` + matchTarget + `}, "model_name", "$1", "name", "(.+)")))`
 
-const variableQueryRank = `label_values(sglang_watchdog_queue_requests{` + matchInstance + `}, dp_rank)`
+const variableQueryRank = `label_values(sglang_watchdog_queue_requests{` + matchTarget + `, ` + matchJob + `}, dp_rank)`
 
 func variables() []Variable {
 	return []Variable{
 		{Name: DatasourceVar, Type: "datasource", Query: "prometheus"},
+		// Hidden: a single cluster needs no picker. The mixin shows it with
+		// _config.showMultiCluster.
+		{
+			Name: "cluster", Type: "query", Query: variableQueryCluster,
+			Multi: true, IncludeAll: true, AllValue: allValue, Hidden: true,
+		},
+		{
+			Name: "namespace", Type: "query", Query: variableQueryNamespace,
+			Multi: true, IncludeAll: true, AllValue: allValue,
+		},
+		{
+			Name: "job", Type: "query", Query: variableQueryJob,
+			Multi: true, IncludeAll: true, AllValue: allValue,
+		},
 		{
 			Name: "instance", Type: "query", Query: variableQueryInstance,
 			Regex: `/^(.*?)(?::[0-9]+)?$/`, Multi: true, IncludeAll: true, AllValue: allValue,
@@ -151,6 +198,9 @@ func variables() []Variable {
 
 var variableLabels = map[string]string{
 	DatasourceVar: "Data source",
+	"cluster":     "Cluster",
+	"namespace":   "Namespace",
+	"job":         "Watchdog job",
 	"instance":    "Host",
 	"model_name":  "Model",
 	"dp_rank":     "DP rank",
@@ -172,7 +222,6 @@ func variableBuilder(v Variable) cog.Builder[dashboard.VariableModel] {
 		Label(variableLabels[v.Name]).
 		Datasource(datasourceRef()).
 		Query(dashboard.StringOrMap{String: &q}).
-		Definition(q).
 		Refresh(dashboard.VariableRefreshOnTimeRangeChanged).
 		Sort(sort).
 		Multi(v.Multi).
@@ -186,6 +235,9 @@ func variableBuilder(v Variable) cog.Builder[dashboard.VariableModel] {
 	}
 	if v.Regex != "" {
 		b = b.Regex(v.Regex)
+	}
+	if v.Hidden {
+		b = b.Hide(dashboard.VariableHideHideVariable)
 	}
 	return b
 }
@@ -281,6 +333,9 @@ func panelBuilder(p placedPanel) cog.Builder[dashboard.Panel] {
 			Min(0).
 			FillOpacity(10).
 			Thresholds(thresholds(s.alertAt)).
+			Tooltip(common.NewVizTooltipOptionsBuilder().
+				Mode(common.TooltipDisplayModeMulti).
+				Sort(common.SortOrderDescending)).
 			Legend(common.NewVizLegendOptionsBuilder().
 				DisplayMode(common.LegendDisplayModeTable).
 				Placement(common.LegendPlacementBottom).
