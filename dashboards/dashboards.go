@@ -2,17 +2,27 @@
 // Grafana Foundation SDK, and exports its queries so that tests can run them
 // against a real Prometheus.
 //
-// The committed JSON (sglang-watchdog.json) is generated; after editing this
-// package run, from the repository root:
+// The dashboard is part of the monitoring mixin (../mixin): this package
+// writes the mixin's base dashboard (FileName, with the mixin's default
+// _config), and the mixin renders dashboards/sglang-watchdog.json from it.
+// After editing this package run, from the repository root:
 //
-//	go generate ./dashboards/
+//	go generate ./mixin/
 //
-// The package test fails when the committed JSON differs from the output.
+// The package test fails when the committed base differs from the output, and
+// the mixin's test when the rendered file does.
 //
 // # Variables
 //
 //   - datasource: a Prometheus data source; every panel, target and query
 //     variable uses ${datasource}.
+//   - cluster (hidden unless the mixin's showMultiCluster), namespace: every
+//     query matches cluster=~"$cluster" and namespace=~"$namespace"; with All
+//     (".*") series without those labels match as well.
+//   - job: the watchdog's scrape jobs (the variable query selects them with
+//     alerts.WatchdogJobSelector, which the mixin retargets). Only the
+//     watchdog's own series match job=~"$job": SGLang's series come from
+//     another job and are tied to their watchdog by host.
 //   - instance: hosts running SGLang or the watchdog, with the port stripped,
 //     so that an SGLang server and its watchdog sidecar (same pod IP or host,
 //     different ports) are one choice. Queries match it as
@@ -24,6 +34,11 @@
 //   - dp_rank: from the watchdog's queue series (which always carry dp_rank).
 //     Raw SGLang queries match dp_rank=~"$dp_rank|" because non-DP servers
 //     emit no dp_rank label.
+//
+// # Annotations
+//
+// Force-fail calls (every result) and wedged scheduler loops are annotation
+// queries; Annotations returns them for tests.
 //
 // # SGLang label and metric eras
 //
@@ -38,8 +53,6 @@
 // panel, tagged NeedsGaugeEra and NeedsHistogramEra. See Needs for the
 // conditions of every target.
 package dashboards
-
-//go:generate go run ./gen -out sglang-watchdog.json
 
 import (
 	"bytes"
@@ -62,12 +75,13 @@ const (
 	UID = "sglang-watchdog"
 	// Title is the dashboard's title.
 	Title = "SGLang PD watchdog"
-	// FileName is the generated file, relative to this package's directory.
-	FileName = "sglang-watchdog.json"
+	// FileName is the generated file, the mixin's base dashboard, relative to
+	// this package's directory.
+	FileName = "../mixin/dashboards/sglang-watchdog.json"
 	// DatasourceVar is the name of the data source variable.
 	DatasourceVar = "datasource"
 	// GenerateCommand regenerates the committed JSON (from the repository root).
-	GenerateCommand = "go generate ./dashboards/"
+	GenerateCommand = "go generate ./mixin/"
 )
 
 // tags are the dashboard's tags.
