@@ -22,6 +22,7 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/alerts"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/dashboards"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/prombin"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
@@ -34,15 +35,6 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-func requireBinary(t *testing.T, name, pkg string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s not found: install the Debian package %s (scripts/deps.sh does)", name, pkg)
-	}
-	return p
 }
 
 // startProcess runs a real server binary until the test ends, and stops it
@@ -151,17 +143,27 @@ func promQuery(promURL, expr string) (int, error) {
 }
 
 // TestPrometheusAlertmanagerEndToEnd proves the alerts and the dashboard
-// against the real Debian Prometheus and Alertmanager: a pinned request in
-// the simulator, the watchdog in dry-run mode, Prometheus scraping both every
-// second with the rules loaded, Alertmanager delivering to a webhook here.
-// The stuck-request alert arrives with the rank's labels, every dashboard
-// query returns data, and after a switch to auto mode the alert resolves.
+// against real servers, Debian's Prometheus 2.x and Alertmanager and the
+// Prometheus 3.x and current Alertmanager that scripts/deps.sh builds: a
+// pinned request in the simulator, the watchdog in dry-run mode, Prometheus
+// scraping both every second with the rules loaded, Alertmanager delivering
+// to a webhook here. The stuck-request alert arrives with the rank's labels,
+// every dashboard query returns data, and after a switch to auto mode the
+// alert resolves and the force-fail annotation has its event.
 func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts Prometheus and Alertmanager; about 90 s")
+		t.Skip("starts Prometheus and Alertmanager twice; about 3 minutes")
 	}
-	prometheus := requireBinary(t, "prometheus", "prometheus")
-	alertmanager := requireBinary(t, "prometheus-alertmanager", "prometheus-alertmanager")
+	stacks, err := prombin.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stacks {
+		t.Run(s.Name, func(t *testing.T) { prometheusAlertmanagerEndToEnd(t, s.Prometheus, s.Alertmanager) })
+	}
+}
+
+func prometheusAlertmanagerEndToEnd(t *testing.T, prometheus, alertmanager string) {
 	ruleFiles, err := alerts.RuleFiles()
 	if err != nil {
 		t.Fatal(err)
@@ -278,16 +280,16 @@ scrape_configs:
 	waitFor(t, "the release counted", 30*time.Second, func() bool {
 		return wd.Snapshot().ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] == 1
 	})
-	checkDashboard(t, promURL, have|dashboards.NeedsTransferFailure)
+	checkDashboard(t, promURL, have|dashboards.NeedsTransferFailure|dashboards.NeedsForceFail)
 }
 
-// checkDashboard runs every dashboard query whose needs the scenario meets
-// and requires data.
+// checkDashboard runs every dashboard query and annotation query whose needs
+// the scenario meets and requires data.
 func checkDashboard(t *testing.T, promURL string, have dashboards.Needs) {
 	t.Helper()
 	vars := dashboards.AllVars()
 	checked := 0
-	for _, q := range dashboards.Queries() {
+	for _, q := range append(dashboards.Queries(), dashboards.Annotations()...) {
 		if !q.Needs.SatisfiedBy(have) {
 			continue
 		}
