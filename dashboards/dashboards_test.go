@@ -15,6 +15,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+
+	"github.com/sglang-watchdog/sglang-watchdog/internal/prombin"
 )
 
 // ---------------------------------------------------------------------------
@@ -967,10 +969,7 @@ func TestVariableRegexSemantics(t *testing.T) {
 // rule expression with Prometheus's own parser: run each expanded query
 // through it as a recording rule.
 func TestQueriesParseWithPromtool(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatal("promtool not on PATH: install the Debian package prometheus (scripts/deps.sh does)")
-	}
+	stacks := promtools(t)
 	var b strings.Builder
 	b.WriteString("groups:\n- name: dashboard-queries\n  rules:\n")
 	n := 0
@@ -1001,16 +1000,29 @@ func TestQueriesParseWithPromtool(t *testing.T) {
 	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(promtool, "check", "rules", file).CombinedOutput()
-	if err != nil {
-		var failed []string
-		for _, m := range regexp.MustCompile(`dashboard:query_(\d+)`).FindAllStringSubmatch(string(out), -1) {
-			var i int
-			fmt.Sscan(m[1], &i)
-			failed = append(failed, fmt.Sprintf("%s = %s", m[0], where[i]))
+	for _, s := range stacks {
+		out, err := exec.Command(s.Promtool, "check", "rules", file).CombinedOutput()
+		if err != nil {
+			var failed []string
+			for _, m := range regexp.MustCompile(`dashboard:query_(\d+)`).FindAllStringSubmatch(string(out), -1) {
+				var i int
+				fmt.Sscan(m[1], &i)
+				failed = append(failed, fmt.Sprintf("%s = %s", m[0], where[i]))
+			}
+			t.Fatalf("promtool check rules (%s): %v\n%s\n%s", s.Name, err, out, strings.Join(failed, "\n"))
 		}
-		t.Fatalf("promtool check rules: %v\n%s\n%s", err, out, strings.Join(failed, "\n"))
 	}
+}
+
+// promtools returns Debian's promtool 2.x and the 3.x that scripts/deps.sh
+// builds: every query must parse and return data on both.
+func promtools(t *testing.T) []prombin.Stack {
+	t.Helper()
+	stacks, err := prombin.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stacks
 }
 
 // eraSeries is the synthetic SGLang /metrics of one label era, as Prometheus
@@ -1118,10 +1130,7 @@ func watchdogSeries(doc map[string]docMetric) [][2]string {
 // a host that is not there. The watchdog side is generated from
 // docs/metrics.md. Runs the queries with `promtool test rules`.
 func TestQueriesReturnDataPerEra(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatal("promtool not on PATH: install the Debian package prometheus (scripts/deps.sh does)")
-	}
+	stacks := promtools(t)
 	doc := loadDocMetrics(t)
 	wdSeries := watchdogSeries(doc)
 	picked := map[string]string{
@@ -1176,9 +1185,11 @@ func TestQueriesReturnDataPerEra(t *testing.T) {
 	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(promtool, "test", "rules", file).CombinedOutput()
-	if err != nil {
-		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	for _, s := range stacks {
+		out, err := exec.Command(s.Promtool, "test", "rules", file).CombinedOutput()
+		if err != nil {
+			t.Fatalf("promtool test rules (%s): %v\n%s", s.Name, err, out)
+		}
 	}
 	for i, qu := range Queries() {
 		if !covered[i] {
