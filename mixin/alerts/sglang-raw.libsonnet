@@ -83,8 +83,6 @@ local windows = import '../lib/windows.libsonnet';
         "queue", "%(queue)s", "", "")
     ||| % { held: indent(held(metric, '=='), 2), queue: queue },
 
-    // Where the rules on SGLang's raw series fall short is explained in the
-    // rendered file's header and in docs/runbook.md.
     groups+: [{
       name: 'sglang-raw',
       // The rule file under alerts/ that holds this group.
