@@ -64,8 +64,10 @@ func Prometheus3() (Stack, error) {
 	if err != nil {
 		return s, err
 	}
-	s.Prometheus = filepath.Join(dir, "prometheus-"+PrometheusVersion, "prometheus")
-	s.Promtool = filepath.Join(dir, "prometheus-"+PrometheusVersion, "promtool")
+	// Built with -tags remove_all_sd: static and file service discovery only.
+	prom := filepath.Join(dir, "prometheus-"+PrometheusVersion+"-nosd")
+	s.Prometheus = filepath.Join(prom, "prometheus")
+	s.Promtool = filepath.Join(prom, "promtool")
 	s.Alertmanager = filepath.Join(dir, "alertmanager-"+AlertmanagerVersion, "alertmanager")
 	for _, p := range []string{s.Prometheus, s.Promtool, s.Alertmanager} {
 		if _, err := os.Stat(p); err != nil {
