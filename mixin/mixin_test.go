@@ -261,6 +261,65 @@ func TestExampleConfigPassesPromtool(t *testing.T) {
 	}
 }
 
+// exampleWindowTest is a promtool unit test of the example config's rules at
+// its 30s scrape: the inflight gauge last changes at 1m30s and stays at 1 with
+// no progress, so the 5m window is clean from 7m and `for: 5m` fires at 12m,
+// not one evaluation earlier, on Prometheus 2 and 3 alike.
+const exampleWindowTest = `rule_files: [sglang-raw.rules.yml]
+evaluation_interval: 30s
+tests:
+  - interval: 30s
+    input_series:
+      - series: 'sglang:num_prefill_inflight_queue_reqs{instance="a:30000",job="llm/sglang",k8s_cluster="eu"}'
+        values: '2 3 1 2 1x40'
+      - series: 'sglang:num_requests_total{instance="a:30000",job="llm/sglang",k8s_cluster="eu"}'
+        values: '90+1x3 94x40'
+      # Another cluster's busy server with the same instance must not silence it.
+      - series: 'sglang:num_requests_total{instance="a:30000",job="llm/sglang",k8s_cluster="us"}'
+        values: '0+5x44'
+      # A job the sglangSelector leaves out never alerts.
+      - series: 'sglang:num_prefill_inflight_queue_reqs{instance="b:30000",job="other",k8s_cluster="eu"}'
+        values: '1x44'
+    alert_rule_test:
+      - eval_time: 11m30s
+        alertname: SGLangPrefillInflightQueuePinned
+        exp_alerts: []
+      - eval_time: 12m
+        alertname: SGLangPrefillInflightQueuePinned
+        exp_alerts:
+          - exp_labels:
+              severity: warning
+              instance: a:30000
+              job: llm/sglang
+              k8s_cluster: eu
+            exp_annotations:
+              summary: The SGLang prefill inflight queue gauge is pinned with no request completing.
+              description: sglang:num_prefill_inflight_queue_reqs on a:30000 has stayed at 1 for at least 10 minutes while no KV transfer finished or failed and no request completed. Likely stuck request(s) holding KV pages.
+              runbook_url: https://runbooks.example.com/sglang#sglangprefillinflightqueuepinned
+`
+
+func TestExampleConfigWindowsOnBothPromtools(t *testing.T) {
+	stacks, err := prombin.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if _, err := Write(filepath.Join(repoRoot(t), ExampleConfig), dir); err != nil {
+		t.Fatal(err)
+	}
+	test := filepath.Join(dir, "alerts", "window_test.yml")
+	if err := os.WriteFile(test, []byte(exampleWindowTest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stacks {
+		cmd := exec.Command(s.Promtool, "test", "rules", test)
+		cmd.Dir = filepath.Dir(test)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: promtool test rules: %v\n%s", s.Name, err, out)
+		}
+	}
+}
+
 func TestDurations(t *testing.T) {
 	dir, err := Dir()
 	if err != nil {
