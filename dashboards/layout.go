@@ -18,6 +18,18 @@ const (
 	// (host:30000) and its watchdog sidecar (host:<watchdog port>) are
 	// selected together.
 	matchInstance = `instance=~"$instance(:[0-9]+)?"`
+	// matchCluster and matchNamespace narrow every query to the picked
+	// cluster and Kubernetes namespace; series without the label (a single
+	// cluster, no Kubernetes) match the All value ".*". The mixin renames
+	// the cluster label (_config.clusterLabel) in every query.
+	matchCluster   = `cluster=~"$cluster"`
+	matchNamespace = `namespace=~"$namespace"`
+	// matchTarget is what every query selects by: cluster, namespace, host.
+	matchTarget = matchCluster + ", " + matchNamespace + ", " + matchInstance
+	// matchJob filters the watchdog's own series by its scrape job. SGLang's
+	// series come from another job (its own /metrics), so they are tied to
+	// the watchdog by host instead (matchInstance).
+	matchJob = `job=~"$job"`
 	// matchRank filters watchdog series, which always carry dp_rank (the
 	// watchdog exports a missing SGLang rank as "0").
 	matchRank = `dp_rank=~"$dp_rank"`
@@ -37,10 +49,12 @@ const (
 )
 
 // wd selects a watchdog metric that carries no rank label.
-func wd(metric string) string { return metric + "{" + matchInstance + "}" }
+func wd(metric string) string { return metric + "{" + matchTarget + ", " + matchJob + "}" }
 
 // wdRank selects a watchdog metric that carries dp_rank.
-func wdRank(metric string) string { return metric + "{" + matchInstance + ", " + matchRank + "}" }
+func wdRank(metric string) string {
+	return metric + "{" + matchTarget + ", " + matchJob + ", " + matchRank + "}"
+}
 
 // rawSels returns the two selectors of one of SGLang's own metrics: by
 // model_name, and by the old "name" label. With $model_name set to All both
@@ -50,7 +64,7 @@ func wdRank(metric string) string { return metric + "{" + matchInstance + ", " +
 func rawSels(metric string, extra ...string) [2]string {
 	var out [2]string
 	for i, model := range []string{matchModel, matchModelOld} {
-		m := append([]string{matchInstance, model, matchRawRank}, extra...)
+		m := append([]string{matchTarget, model, matchRawRank}, extra...)
 		out[i] = metric + "{" + strings.Join(m, ", ") + "}"
 	}
 	return out
@@ -389,7 +403,7 @@ func layout() []rowSpec {
 				kind: kindTimeseries, title: "Prometheus targets up", width: 8, height: 8,
 				description: "Prometheus's up series for every target on the selected hosts: SGLang's /metrics and the watchdog.",
 				targets: []target{{
-					expr:   "up{" + matchInstance + "}",
+					expr:   "up{" + matchTarget + "}",
 					legend: "{{job}} {{instance}}",
 				}},
 			},
