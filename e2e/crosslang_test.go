@@ -25,16 +25,17 @@ import (
 const parityToken = "parity-token"
 
 // startStandin runs the real Python plugin on its stand-in scheduler loop
-// (sglang_plugin/tests/standin_server.py, scenario parity) and returns its
-// plugin and metrics base URLs.
-func startStandin(t *testing.T, backend, tokenFile string) (string, string) {
+// (sglang_plugin/tests/standin_server.py, scenario parity unless args say
+// otherwise) and returns its plugin and metrics base URLs (with --pp-size 2,
+// the first stage's; the second stage listens on the next port).
+func startStandin(t *testing.T, backend, tokenFile string, args ...string) (string, string) {
 	t.Helper()
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatal("python3 not found: install the Debian package python3 (scripts/deps.sh does)")
 	}
-	cmd := exec.Command(python, filepath.Join(repoRoot, "sglang_plugin", "tests", "standin_server.py"),
-		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile, "--scenario", "parity")
+	cmd := exec.Command(python, append([]string{filepath.Join(repoRoot, "sglang_plugin", "tests", "standin_server.py"),
+		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -147,13 +148,21 @@ type answerShape struct {
 }
 
 // exactFields are compared by value; the rest by JSON type only, as they
-// depend on time, pid or version.
+// depend on time, pid or version. An empty list is always compared by value
+// ("levers": [] and "orphaned_transfers": [] say something).
 var exactFields = map[string]bool{
 	"result": true, "rid": true, "bootstrap_room": true, "lever": true,
-	"api_version": true, "bootstrap_addr": true, "poll": true, "prompt_tokens": true,
+	"api_version": true, "bootstrap_addr": true, "poll": true, "prompt_tokens": true, "progress": true,
 	"send_failed": true, "health_check": true, "dp_rank": true, "pp_rank": true, "tp_rank": true,
 	"disaggregation_mode": true, "transfer_backend": true, "bootstrap": true, "waiting": true, "inflight": true,
+	// Round 2.
+	"levers": true, "lever_note": true, "pp_size": true, "transfer_queues": true,
+	"transfer_in_flight": true, "transfer_queue": true, "outstanding_chunks": true,
 }
+
+// movingProgress is the one room whose progress advances with time in both
+// parity scenes; its progress is compared by type.
+const movingProgress = "healthy-0002"
 
 // floatFields are seconds; either side may happen to write a whole number.
 var floatFields = map[string]bool{"age_seconds": true, "now_unix": true, "last_iteration_unix": true, "applied_unix": true}
@@ -198,11 +207,18 @@ func shape(status int, body []byte) answerShape {
 				walk(prefix+"."+k, e)
 			}
 		case []interface{}:
+			if len(x) == 0 {
+				a.Fields[prefix], a.Values[prefix] = "array", "[]"
+			}
 			for i, e := range x {
 				walk(fmt.Sprintf("%s[%d]", prefix, i), e)
 			}
 		default:
-			leaf := prefix[strings.LastIndexAny(prefix, ".]")+1:]
+			leaf := prefix
+			for strings.HasSuffix(leaf, "]") {
+				leaf = leaf[:strings.LastIndex(leaf, "[")]
+			}
+			leaf = leaf[strings.LastIndex(leaf, ".")+1:]
 			a.Fields[prefix] = jsonType(x)
 			if floatFields[leaf] && a.Fields[prefix] == "integer" {
 				// Go writes a whole float64 without a decimal point.
@@ -214,11 +230,19 @@ func shape(status int, body []byte) answerShape {
 		}
 	}
 	walk("", v)
-	// progress is exact except for the request whose transfer advances.
-	for k, f := range a.Fields {
-		if strings.HasSuffix(k, ".progress") && f == "integer" {
-			a.Values[k] = "integer"
+	for k, rid := range a.Values {
+		if rid == movingProgress && strings.HasSuffix(k, ".rid") {
+			progress := strings.TrimSuffix(k, ".rid") + ".progress"
+			a.Values[progress] = a.Fields[progress]
 		}
+	}
+	// The contract: "lever_note ... Empty when every lever works", and an
+	// absent note (Go's pluginapi omits an empty one) says the same. This is
+	// the only field where absent and a zero value are equivalent; any other
+	// lever_note is compared by value.
+	if a.Values[".server.lever_note"] == "" {
+		delete(a.Values, ".server.lever_note")
+		delete(a.Fields, ".server.lever_note")
 	}
 	return a
 }

@@ -151,10 +151,13 @@
 // chunk is outstanding stays in the listing's orphaned_transfers until the
 // chunk settles (a healthy chunk: the end of the chunk in flight; a stuck
 // handle: never, until a restart). A room whose queued chunks the worker had
-// not taken yet leaves no orphan. NIXL reports transfer_queue,
-// transfer_in_flight and orphaned_transfers; Mooncake exposes none of them
-// (transfer_queue and server.transfer_queues null, transfer_in_flight false,
-// orphaned_transfers empty), although its workers wedge the same way.
+// not taken yet leaves no orphan. The newest NIXL and Mooncake managers
+// both report transfer_queue (Mooncake keys its queues by the sum of the
+// destination session ports: one port per simulated endpoint, so the same
+// queue as NIXL), transfer_in_flight and orphaned_transfers (the common
+// manager's _staging_outstanding); mid-2025 NIXL transfers synchronously and
+// reports none of them (transfer_queue and server.transfer_queues null,
+// transfer_in_flight false, orphaned_transfers empty).
 //
 // # Restarts and crashes
 //

@@ -706,11 +706,11 @@ func (s *Sim) Records() []Record {
 // PPSize 1 that is rank 0, dp0/pp0/tp0) exactly these inflight requests:
 //
 //  1. "pinned-0001", room 9223372036854775001, addr "10.0.0.7:8998", 4096
-//     prompt tokens, bound for decode port 17001 (transfer queue 1),
+//     prompt tokens, bound for decode port 17002 (transfer queue 2),
 //     Transferring with progress frozen at 3 (a resurrection pin: the
 //     transfer failed, no chunk outstanding), entered 120 s ago;
 //  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.8:8998", 1024
-//     prompt tokens, bound for decode port 17002 (transfer queue 2),
+//     prompt tokens, bound for decode port 17001 (transfer queue 1),
 //     Transferring with progress advancing by 1 every 100 ms of clock time
 //     (50 at setup) and never finishing, a chunk always in flight, entered
 //     5 s ago;

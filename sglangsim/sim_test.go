@@ -325,17 +325,12 @@ func TestParityScenario(t *testing.T) {
 				t.Fatalf("parity listing: %+v", l)
 			}
 			nixl := backend == BackendNIXL
-			queue := func(q int) *int {
-				if nixl {
-					return &q
-				}
-				return nil
-			}
+			queue := func(q int) *int { return &q }
 			want := []pluginapi.Room{
 				{RID: "pinned-0001", BootstrapRoom: 9223372036854775001, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
-					AgeSeconds: 120, PromptTokens: 4096, Progress: 3, TransferInFlight: ptr(false), TransferQueue: queue(1)},
+					AgeSeconds: 120, PromptTokens: 4096, Progress: 3, TransferInFlight: ptr(false), TransferQueue: queue(2)},
 				{RID: "healthy-0002", BootstrapRoom: 18446744073709551557, BootstrapAddr: "10.0.0.8:8998", Poll: "Transferring",
-					AgeSeconds: 5, PromptTokens: 1024, Progress: 50, TransferInFlight: ptr(nixl), TransferQueue: queue(2)},
+					AgeSeconds: 5, PromptTokens: 1024, Progress: 50, TransferInFlight: ptr(true), TransferQueue: queue(1)},
 				{RID: "HEALTH_CHECK_1764403200.0", BootstrapRoom: 0, BootstrapAddr: "2.2.2.2", Poll: "WaitingForInput",
 					AgeSeconds: 200, PromptTokens: 1, Progress: -1, HealthCheck: true, TransferInFlight: ptr(false)},
 			}

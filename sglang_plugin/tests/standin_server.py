@@ -52,8 +52,9 @@ Scenario "parity" (fixed and deterministic; sglangsim implements the same):
   a pass every 10 ms. Bootstrap and waiting queues are empty.
 * Round 2 fields: ``server.levers`` ``["abort", "_send_failed"]`` (nixl) or
   ``["abort"]`` (mooncake), ``lever_note`` "", ``pp_size`` 1,
-  ``transfer_queues`` 4; ``orphaned_transfers`` []. Each room has
-  ``transfer_in_flight`` false; ``transfer_queue`` 2 for pinned-0001 (one
+  ``transfer_queues`` 4; ``orphaned_transfers`` []. ``transfer_in_flight``
+  is true for healthy-0002 (a chunk of its transfer is always outstanding)
+  and false for the others; ``transfer_queue`` 2 for pinned-0001 (one
   destination, decode port 17002), 1 for healthy-0002 (port 17001), null for
   the health check. A force-fail answer's ``levers`` is the server's list.
 * Inflight queue, in this order ("start" is when the process starts):
@@ -133,6 +134,8 @@ def parity_scenario(backend, era="newest", scheduler=None, wedge=False):
             healthy = standins.MooncakeKVSender(mgr, HEALTHY_ROOM, curr_idx=0, dst_ports=(17001,))
             progress_attribute = "curr_idx"
         scheduler.disagg_prefill_bootstrap_queue.kv_manager = mgr
+        # healthy-0002's transfer is under way: a chunk of it is always in flight.
+        mgr.add_transfer_request(HEALTHY_ROOM)
         if wedge:
             mgr.add_transfer_request(PINNED_ROOM, is_last=True)  # never settled
     scheduler.disagg_prefill_inflight_queue = [

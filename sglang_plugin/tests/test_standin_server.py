@@ -100,7 +100,7 @@ class StandinServerTest(unittest.TestCase):
             self.assertEqual((server["levers"], server["lever_note"], server["pp_size"], server["transfer_queues"]),
                              (levers, "", 1, 4), backend)
             self.assertEqual([(r["transfer_in_flight"], r["transfer_queue"]) for r in listing["inflight"]],
-                             [(False, 2), (False, 1), (False, None)], backend)
+                             [(False, 2), (True, 1), (False, None)], backend)
             self.assertEqual(listing["orphaned_transfers"], [])
             status, body = client.force_fail({"rid": "pinned-0001", "dry_run": True})
             self.assertEqual((status, body["result"], body["levers"]), (200, "would_flip", levers))
