@@ -95,7 +95,7 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(l.Inflight) != 3 || l.Inflight[1].BootstrapRoom != 18446744073709551557 || l.Server.TransferBackend != backend {
+			if len(l.Inflight) != 4 || l.Inflight[1].BootstrapRoom != 18446744073709551557 || l.Server.TransferBackend != backend {
 				t.Fatalf("listing %+v", l)
 			}
 
@@ -118,8 +118,8 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			for _, r := range l.Inflight {
 				left = append(left, r.RID)
 			}
-			if !reflect.DeepEqual(left, []string{"healthy-0002", "HEALTH_CHECK_1764403200.0"}) {
-				t.Fatalf("inflight after the release: %v, want the progressing request and the health check", left)
+			if !reflect.DeepEqual(left, []string{"healthy-0002", "HEALTH_CHECK_1764403200.0", sglangsim.ParityWarmupRID}) {
+				t.Fatalf("inflight after the release: %v, want the progressing request, the health check and the warm-up", left)
 			}
 			for _, r := range watchdog.Results {
 				line := fmt.Sprintf(`sglang_watchdog_force_fails_total{result="%s",trigger="auto"} 0`, r)
@@ -236,13 +236,18 @@ func shape(status int, body []byte) answerShape {
 			a.Values[progress] = a.Fields[progress]
 		}
 	}
-	// The contract: "lever_note ... Empty when every lever works", and an
-	// absent note (Go's pluginapi omits an empty one) says the same. This is
-	// the only field where absent and a zero value are equivalent; any other
-	// lever_note is compared by value.
-	if a.Values[".server.lever_note"] == "" {
-		delete(a.Values, ".server.lever_note")
-		delete(a.Fields, ".server.lever_note")
+	// lever_note, by the contract: "Empty when every lever works", and an
+	// absent note (Go's pluginapi omits an empty one) says the same, so an
+	// empty note and none compare equal. This is the only field where absent
+	// and a zero value are equivalent. A non-empty note is one sentence for
+	// people, like error: both sides must have one, in their own words.
+	if note, ok := a.Values[".server.lever_note"]; ok {
+		if note == "" {
+			delete(a.Values, ".server.lever_note")
+			delete(a.Fields, ".server.lever_note")
+		} else {
+			a.Values[".server.lever_note"] = "a sentence"
+		}
 	}
 	return a
 }
@@ -301,14 +306,12 @@ func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
 				ff("dry run", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"dry_run":true,"future_field":1}`),
 				ff("dry run, 64-bit room", `{"rid":"healthy-0002","bootstrap_room":18446744073709551557,"dry_run":true}`),
 				ff("dry run, health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0,"dry_run":true}`),
+				ff("health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0}`),
+				ff("dry run, warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","dry_run":true}`),
+				ff("warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","bootstrap_room":0}`),
 				ff("flip", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"reason":"parity"}`),
 			}
-			for _, e := range exchanges {
-				py, gs := do(t, pyURL, e), do(t, goURLs[0], e)
-				if !reflect.DeepEqual(py, gs) {
-					t.Errorf("%s: the Python plugin and the simulator differ\n python:    %s\n simulator: %s", e.name, dump(py), dump(gs))
-				}
-			}
+			compare(t, pyURL, goURLs[0], exchanges)
 			// After the flip, the next pass releases the request in both.
 			gone := ff("after release", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001}`)
 			waitFor(t, "both to release the pinned request", 10*time.Second, func() bool {
@@ -317,6 +320,57 @@ func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
 			py, gs := do(t, pyURL, gone), do(t, goURLs[0], gone)
 			if !reflect.DeepEqual(py, gs) {
 				t.Errorf("after release: differ\n python:    %s\n simulator: %s", dump(py), dump(gs))
+			}
+		})
+	}
+}
+
+// compare sends each exchange to both and requires the same answer shape.
+func compare(t *testing.T, pyURL, goURL string, exchanges []exchange) {
+	t.Helper()
+	for _, e := range exchanges {
+		py, gs := do(t, pyURL, e), do(t, goURL, e)
+		if !reflect.DeepEqual(py, gs) {
+			t.Errorf("%s: the Python plugin and the simulator differ\n python:    %s\n simulator: %s", e.name, dump(py), dump(gs))
+		}
+	}
+}
+
+// TestGoSimulatorAndPythonPluginAnswerAlikeOnOlderEras compares the parity
+// scene on the SGLang releases where no lever works (facts §10.2): mid-2025
+// NIXL, and the earliest scheduler whose Failed branch raises. Both must list
+// no lever with a note, refuse every force-fail with 501 (dry runs too) but a
+// health check or warm-up with 409, and change nothing.
+func TestGoSimulatorAndPythonPluginAnswerAlikeOnOlderEras(t *testing.T) {
+	for _, c := range []struct{ era, lever, backend string }{
+		{"mid2025", sglangsim.LeversNIXLMid2025, sglangsim.BackendNIXL},
+		{"early", sglangsim.LeversEarly, sglangsim.BackendNIXL},
+		{"early", sglangsim.LeversEarly, sglangsim.BackendMooncake},
+	} {
+		t.Run(c.era+"/"+c.backend, func(t *testing.T) {
+			pyURL, _ := startStandin(t, c.backend, tokenFile(t, parityToken), "--era", c.era)
+			_, _, goURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Backend: c.backend, LeverEra: c.lever,
+				Token: parityToken, Scenario: sglangsim.ScenarioParity})
+			ff := func(name, body string) exchange {
+				return exchange{name: name, method: http.MethodPost, path: pluginapi.PathForceFail, auth: "Bearer " + parityToken, body: body}
+			}
+			listing := exchange{name: "listing", method: http.MethodGet, path: pluginapi.PathInflight}
+			compare(t, pyURL, goURLs[0], []exchange{
+				listing,
+				ff("no token", `{"rid":"pinned-0001"}`),
+				ff("bad body", `{"rid":""}`),
+				ff("dry run", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"dry_run":true}`),
+				ff("flip", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001}`),
+				ff("unknown rid", `{"rid":"nobody"}`),
+				ff("health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0}`),
+				ff("dry run, warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","dry_run":true}`),
+			})
+			py, gs := do(t, pyURL, listing), do(t, goURLs[0], listing)
+			if py.Values[".queues.inflight"] != json.Number("4") || !reflect.DeepEqual(py.Values, gs.Values) {
+				t.Errorf("after the refused orders:\n python:    %s\n simulator: %s", dump(py), dump(gs))
+			}
+			if py.Values[".server.lever_note"] != "a sentence" {
+				t.Errorf("no lever_note with no lever: %s", dump(py))
 			}
 		})
 	}

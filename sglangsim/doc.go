@@ -273,11 +273,12 @@
 //
 // # Force-fail orders (docs/plugin-api.md, Project clarifications, Round 2)
 //
-// 401 and 400 are decided at once, then 503 while the server boots and 501
-// unsupported when the lever era has no lever; 404, 409 room_mismatch and
-// 409 health_check (fake host, room 0 or a HEALTH_CHECK rid: health checks
-// and warm-ups, dry runs too) at once against the rank's latest
-// observation (the inflight queue as of the last pass). Otherwise the
+// 401 and 400 are decided at once, then 503 while the server boots; 404,
+// 409 room_mismatch and 409 health_check (fake host, room 0 or a
+// HEALTH_CHECK rid: health checks and warm-ups, dry runs too) at once
+// against the rank's latest observation (the inflight queue as of the last
+// pass), then 501 unsupported when the lever era has no lever (so a health
+// check answers 409 even there, as the plugin does). Otherwise the
 // order is queued. With Start running, the rank's goroutine picks it up at
 // the start of its next inflight pass (before polling, so a flipped request
 // is released in that same pass); if it has not within OrderTimeout (real

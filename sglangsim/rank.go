@@ -1154,6 +1154,8 @@ func (g *group) parity(s *Sim, now time.Time) {
 	// A health check has no bootstrap port, so its address is the bare host.
 	add(RequestSpec{RID: "HEALTH_CHECK_1764403200.0", Behavior: BehaviorStuckHealthCheck},
 		FakeBootstrapHost, 200*time.Second)
+	add(RequestSpec{RID: ParityWarmupRID, Behavior: BehaviorStuckHealthCheck, Warmup: true},
+		FakeBootstrapHost, 150*time.Second)
 	for _, r := range g.stages {
 		r.logStats(s, now, 0)
 	}

@@ -32,6 +32,10 @@ const (
 // ScenarioParity is the scene shared with the Python stand-in.
 const ScenarioParity = "parity"
 
+// ParityWarmupRID is the rid of the parity scene's warm-up request: a plain
+// hex rid, as SGLang's server warm-up has.
+const ParityWarmupRID = "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"
+
 // Lever eras (Options.LeverEra): which of the plugin's levers make SGLang's
 // poll() read Failed (facts §10.2).
 const (
@@ -716,7 +720,9 @@ func (s *Sim) Records() []Record {
 //     5 s ago;
 //  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2", 1 prompt
 //     token, fake sender in WaitingForInput for ever (progress -1, no
-//     transfer queue, nothing in flight), entered 200 s ago.
+//     transfer queue, nothing in flight), entered 200 s ago;
+//  4. ParityWarmupRID, a warm-up request (no HEALTH_CHECK prefix, facts
+//     §10.5): otherwise like the health check, entered 150 s ago.
 //
 // Counters start from 0, and the scene stays without traffic across
 // Restart. It must be called before Start.
