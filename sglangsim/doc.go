@@ -151,10 +151,13 @@
 // chunk is outstanding stays in the listing's orphaned_transfers until the
 // chunk settles (a healthy chunk: the end of the chunk in flight; a stuck
 // handle: never, until a restart). A room whose queued chunks the worker had
-// not taken yet leaves no orphan. NIXL reports transfer_queue,
-// transfer_in_flight and orphaned_transfers; Mooncake exposes none of them
-// (transfer_queue and server.transfer_queues null, transfer_in_flight false,
-// orphaned_transfers empty), although its workers wedge the same way.
+// not taken yet leaves no orphan. The newest NIXL and Mooncake managers
+// both report transfer_queue (Mooncake keys its queues by the sum of the
+// destination session ports: one port per simulated endpoint, so the same
+// queue as NIXL), transfer_in_flight and orphaned_transfers (the common
+// manager's _staging_outstanding); mid-2025 NIXL transfers synchronously and
+// reports none of them (transfer_queue and server.transfer_queues null,
+// transfer_in_flight false, orphaned_transfers empty).
 //
 // # Restarts and crashes
 //
@@ -270,11 +273,12 @@
 //
 // # Force-fail orders (docs/plugin-api.md, Project clarifications, Round 2)
 //
-// 401 and 400 are decided at once, then 503 while the server boots and 501
-// unsupported when the lever era has no lever; 404, 409 room_mismatch and
-// 409 health_check (fake host, room 0 or a HEALTH_CHECK rid: health checks
-// and warm-ups, dry runs too) at once against the rank's latest
-// observation (the inflight queue as of the last pass). Otherwise the
+// 401 and 400 are decided at once, then 503 while the server boots; 404,
+// 409 room_mismatch and 409 health_check (fake host, room 0 or a
+// HEALTH_CHECK rid: health checks and warm-ups, dry runs too) at once
+// against the rank's latest observation (the inflight queue as of the last
+// pass), then 501 unsupported when the lever era has no lever (so a health
+// check answers 409 even there, as the plugin does). Otherwise the
 // order is queued. With Start running, the rank's goroutine picks it up at
 // the start of its next inflight pass (before polling, so a flipped request
 // is released in that same pass); if it has not within OrderTimeout (real

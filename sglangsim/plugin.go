@@ -68,10 +68,6 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 		return 503, pluginapi.ForceFailResponse{Result: pluginapi.ResultSchedulerUnresponsive, RID: req.RID,
 			Error: "the server is restarting"}
 	}
-	if levers, note := s.levers(); len(levers) == 0 {
-		return 501, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnsupported, RID: req.RID,
-			Error: "no lever releases a request on this SGLang: " + note}
-	}
 	r := s.ranks[rank]
 	r.mu.Lock()
 	// Clarification 2 and round 2: answer at once from the latest observation.
@@ -87,6 +83,13 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	if q.healthCheck() {
 		r.mu.Unlock()
 		return healthCheckAnswer(q.rid, q.room)
+	}
+	// After the lookup, as the plugin decides: a health check answers 409
+	// health_check even where no lever works.
+	if levers, note := s.levers(); len(levers) == 0 {
+		r.mu.Unlock()
+		return 501, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnsupported, RID: req.RID,
+			Error: "no lever releases a request on this SGLang: " + note}
 	}
 	if !r.running && !r.paused {
 		// Step-driven: apply inline, as the next pass would.

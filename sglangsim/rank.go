@@ -1071,10 +1071,15 @@ func (r *rank) pull(s *Sim, q *request, levers []string, now time.Time) {
 func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	levers, note := s.levers()
 	nixl := s.opts.Backend == BackendNIXL
+	// The newest NIXL and Mooncake managers both shard chunks over worker
+	// queues and count each room's outstanding chunks (CommonKVManager's
+	// _staging_outstanding); mid-2025 NIXL transfers synchronously and has
+	// neither (facts §10.1, §10.2).
+	queues := s.opts.LeverEra != LeversNIXLMid2025
 	srv := pluginapi.Server{PID: r.pid, DPRank: r.dp, PPRank: r.pp, TPRank: 0,
 		DisaggregationMode: "prefill", TransferBackend: s.opts.Backend,
 		SGLangVersion: eraVersion[s.opts.Era], Levers: levers, LeverNote: note, PPSize: s.opts.PPSize}
-	if nixl {
+	if queues {
 		srv.TransferQueues = intPtr(TransferQueues)
 	}
 	l := pluginapi.Listing{
@@ -1097,16 +1102,15 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 			AgeSeconds: now.Sub(q.entered).Seconds(), PromptTokens: q.prompt, Progress: progress,
 			SendFailed: nixl && !q.fake && sd.sendFailed, HealthCheck: q.healthCheck(),
 		}
-		// Mooncake exposes no per-room transfer state; the fake sender has
-		// no KV manager queue.
-		inFlight := nixl && !q.fake && sd.outstanding > 0
+		// The fake sender has no KV manager queue.
+		inFlight := queues && !q.fake && sd.outstanding > 0
 		rm.TransferInFlight = &inFlight
-		if nixl && !q.fake {
+		if queues && !q.fake {
 			rm.TransferQueue = intPtr(q.queue)
 		}
 		l.Inflight[i] = rm
 	}
-	if nixl {
+	if queues {
 		for _, o := range r.orphans {
 			if o.until.IsZero() || o.until.After(now) {
 				l.OrphanedTransfers = append(l.OrphanedTransfers, pluginapi.OrphanedTransfer{
@@ -1141,15 +1145,17 @@ func (g *group) parity(s *Sim, now time.Time) {
 		rc.entered = entered.UnixNano()
 		rc.outcome = outcomeIndex(OutcomeInflight)
 	}
-	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096, DecodePort: 17001,
+	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096, DecodePort: 17002,
 		Behavior: BehaviorPinResurrection, FreezeAt: 3, ChunkEvery: 100 * time.Millisecond, Transfer: time.Second},
 		DefaultBootstrapAddr, 120*time.Second)
-	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024, DecodePort: 17002,
+	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024, DecodePort: 17001,
 		Behavior: BehaviorSlow, Transfer: -1, ChunkEvery: 100 * time.Millisecond},
 		"10.0.0.8:8998", 5*time.Second)
 	// A health check has no bootstrap port, so its address is the bare host.
 	add(RequestSpec{RID: "HEALTH_CHECK_1764403200.0", Behavior: BehaviorStuckHealthCheck},
 		FakeBootstrapHost, 200*time.Second)
+	add(RequestSpec{RID: ParityWarmupRID, Behavior: BehaviorStuckHealthCheck, Warmup: true},
+		FakeBootstrapHost, 150*time.Second)
 	for _, r := range g.stages {
 		r.logStats(s, now, 0)
 	}

@@ -179,13 +179,18 @@ func TestLeverEraMid2025(t *testing.T) {
 	if r := recordOf(t, s, healthy); r.Outcome != OutcomeSuccess {
 		t.Fatalf("healthy record %+v", r)
 	}
-	for _, rid := range append(rids, "unknown") {
+	for _, rid := range rids {
 		for _, dry := range []bool{true, false} {
 			st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: rid, DryRun: dry}, "")
 			if st != 501 || resp.Result != pluginapi.ResultUnsupported || resp.RID != rid || resp.Error == "" {
 				t.Fatalf("%s (dry run %v): %d %+v", rid, dry, st, resp)
 			}
 		}
+	}
+	// The rid is looked up first, as the plugin does (a health check answers
+	// 409 health_check even here).
+	if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "unknown"}, ""); st != 404 {
+		t.Fatalf("unknown rid: %d %+v", st, resp)
 	}
 	// Pulled by hand, the levers do nothing on this NIXL.
 	for _, rid := range rids {

@@ -32,6 +32,10 @@ const (
 // ScenarioParity is the scene shared with the Python stand-in.
 const ScenarioParity = "parity"
 
+// ParityWarmupRID is the rid of the parity scene's warm-up request: a plain
+// hex rid, as SGLang's server warm-up has.
+const ParityWarmupRID = "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"
+
 // Lever eras (Options.LeverEra): which of the plugin's levers make SGLang's
 // poll() read Failed (facts §10.2).
 const (
@@ -706,17 +710,19 @@ func (s *Sim) Records() []Record {
 // PPSize 1 that is rank 0, dp0/pp0/tp0) exactly these inflight requests:
 //
 //  1. "pinned-0001", room 9223372036854775001, addr "10.0.0.7:8998", 4096
-//     prompt tokens, bound for decode port 17001 (transfer queue 1),
+//     prompt tokens, bound for decode port 17002 (transfer queue 2),
 //     Transferring with progress frozen at 3 (a resurrection pin: the
 //     transfer failed, no chunk outstanding), entered 120 s ago;
 //  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.8:8998", 1024
-//     prompt tokens, bound for decode port 17002 (transfer queue 2),
+//     prompt tokens, bound for decode port 17001 (transfer queue 1),
 //     Transferring with progress advancing by 1 every 100 ms of clock time
 //     (50 at setup) and never finishing, a chunk always in flight, entered
 //     5 s ago;
 //  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2", 1 prompt
 //     token, fake sender in WaitingForInput for ever (progress -1, no
-//     transfer queue, nothing in flight), entered 200 s ago.
+//     transfer queue, nothing in flight), entered 200 s ago;
+//  4. ParityWarmupRID, a warm-up request (no HEALTH_CHECK prefix, facts
+//     §10.5): otherwise like the health check, entered 150 s ago.
 //
 // Counters start from 0, and the scene stays without traffic across
 // Restart. It must be called before Start.

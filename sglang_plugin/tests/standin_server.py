@@ -28,7 +28,7 @@ Options (all default to the scene described below):
   the Failed branch raises; force-fails answer ``501 unsupported``.
 * ``--pp-size 2``: two PP stages of dp_rank 0, one scheduler loop and one
   listener each: pp_rank 0 on ``--port`` and pp_rank 1 on ``--port`` + 1
-  (with ``--port 0`` a free pair is picked). Both list the same three
+  (with ``--port 0`` a free pair is picked). Both list the same four
   requests (same rids and rooms, each stage with its own senders). A
   request leaves a stage's queue only once **both** stages poll it
   terminal: a force-fail on one stage answers "flipped" and releases
@@ -52,10 +52,12 @@ Scenario "parity" (fixed and deterministic; sglangsim implements the same):
   a pass every 10 ms. Bootstrap and waiting queues are empty.
 * Round 2 fields: ``server.levers`` ``["abort", "_send_failed"]`` (nixl) or
   ``["abort"]`` (mooncake), ``lever_note`` "", ``pp_size`` 1,
-  ``transfer_queues`` 4; ``orphaned_transfers`` []. Each room has
-  ``transfer_in_flight`` false; ``transfer_queue`` 2 for pinned-0001 (one
+  ``transfer_queues`` 4; ``orphaned_transfers`` []. ``transfer_in_flight``
+  is true for healthy-0002 (a chunk of its transfer is always outstanding)
+  and false for the others; ``transfer_queue`` 2 for pinned-0001 (one
   destination, decode port 17002), 1 for healthy-0002 (port 17001), null for
-  the health check. A force-fail answer's ``levers`` is the server's list.
+  the health check and the warm-up. A force-fail answer's ``levers`` is the
+  server's list.
 * Inflight queue, in this order ("start" is when the process starts):
 
   1. rid "pinned-0001", bootstrap_room 9223372036854775001, bootstrap_host
@@ -70,6 +72,10 @@ Scenario "parity" (fixed and deterministic; sglangsim implements the same):
      "2.2.2.2" (SGLang's fake host) with no port (bootstrap_addr "2.2.2.2"),
      1 prompt token, a fake sender that never sent: poll WaitingForInput,
      progress -1, health_check true, entered 200 s before start.
+  4. rid "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b", a warm-up request (SGLang's
+     server warm-up: fake host and room 0, a plain rid without the
+     HEALTH_CHECK prefix), otherwise like the health check, entered 150 s
+     before start.
 
 * Release: like SGLang's inflight pass, a poll of Failed removes the request
   from the queue and adds 1 to sglang:num_transfer_failed_reqs_total; a
@@ -77,7 +83,7 @@ Scenario "parity" (fixed and deterministic; sglangsim implements the same):
   So a force-fail of pinned-0001 is answered "flipped" with lever
   "_send_failed" (nixl) or "conclude_state" (mooncake), and on the next pass
   the room leaves /debug/inflight and the counter goes from 0 to 1. A
-  force-fail of the health check answers ``409 health_check``.
+  force-fail of the health check or the warm-up answers ``409 health_check``.
 * GET /metrics on the metrics port answers, in SGLang's text format:
 
       sglang:num_transfer_failed_reqs_total{model_name="standin"} <failed>
@@ -107,6 +113,7 @@ PROGRESS_PERIOD_S = 0.1
 
 PINNED_ROOM = 9223372036854775001
 HEALTHY_ROOM = 18446744073709551557
+WARMUP_RID = "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"
 
 
 def parity_scenario(backend, era="newest", scheduler=None, wedge=False):
@@ -133,6 +140,8 @@ def parity_scenario(backend, era="newest", scheduler=None, wedge=False):
             healthy = standins.MooncakeKVSender(mgr, HEALTHY_ROOM, curr_idx=0, dst_ports=(17001,))
             progress_attribute = "curr_idx"
         scheduler.disagg_prefill_bootstrap_queue.kv_manager = mgr
+        # healthy-0002's transfer is under way: a chunk of it is always in flight.
+        mgr.add_transfer_request(HEALTHY_ROOM)
         if wedge:
             mgr.add_transfer_request(PINNED_ROOM, is_last=True)  # never settled
     scheduler.disagg_prefill_inflight_queue = [
@@ -142,6 +151,8 @@ def parity_scenario(backend, era="newest", scheduler=None, wedge=False):
                      host="10.0.0.8", port=8998, prompt_tokens=1024, entered=start - 5),
         standins.Req("HEALTH_CHECK_1764403200.0", 0, standins.FakeKVSender(standins.FakeKVManager()),
                      host=standins.FAKE_BOOTSTRAP_HOST, port=None, prompt_tokens=1, entered=start - 200),
+        standins.Req(WARMUP_RID, 0, standins.FakeKVSender(standins.FakeKVManager()),
+                     host=standins.FAKE_BOOTSTRAP_HOST, port=None, prompt_tokens=1, entered=start - 150),
     ]
 
     def tick():

@@ -42,8 +42,8 @@ class StandinServerTest(unittest.TestCase):
         status, listing = client.get_json()
         self.assertEqual(status, 200)
         self.assertEqual(listing["server"]["transfer_backend"], "nixl")
-        self.assertEqual(listing["queues"], {"bootstrap": 0, "waiting": 0, "inflight": 3})
-        pinned, healthy, health = listing["inflight"]
+        self.assertEqual(listing["queues"], {"bootstrap": 0, "waiting": 0, "inflight": 4})
+        pinned, healthy, health, warmup = listing["inflight"]
         self.assertEqual(
             {k: pinned[k] for k in ("rid", "bootstrap_room", "bootstrap_addr", "poll", "prompt_tokens", "progress",
                                     "send_failed", "health_check")},
@@ -57,6 +57,9 @@ class StandinServerTest(unittest.TestCase):
                           health["progress"], health["health_check"]),
                          ("HEALTH_CHECK_1764403200.0", 0, "2.2.2.2", "WaitingForInput", -1, True))
         self.assertGreaterEqual(health["age_seconds"], 200)
+        self.assertEqual((warmup["rid"], warmup["bootstrap_room"], warmup["bootstrap_addr"], warmup["poll"],
+                          warmup["progress"], warmup["health_check"]),
+                         ("5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b", 0, "2.2.2.2", "WaitingForInput", -1, True))
 
         time.sleep(0.35)
         _, later = client.get_json()
@@ -70,11 +73,12 @@ class StandinServerTest(unittest.TestCase):
         self.assertEqual((status, body["result"], body["lever"]), (200, "flipped", "_send_failed"))
         harness.wait_until(lambda: self.metric(metrics_port, "sglang:num_transfer_failed_reqs_total") == 1)
         self.assertEqual([r["rid"] for r in client.get_json()[1]["inflight"]],
-                         ["healthy-0002", "HEALTH_CHECK_1764403200.0"])
-        self.assertEqual(self.metric(metrics_port, "sglang:num_prefill_inflight_queue_reqs"), 2)
+                         ["healthy-0002", "HEALTH_CHECK_1764403200.0", "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"])
+        self.assertEqual(self.metric(metrics_port, "sglang:num_prefill_inflight_queue_reqs"), 3)
         self.assertEqual(client.force_fail({"rid": "pinned-0001"})[0], 404)
-        status, body = client.force_fail({"rid": "HEALTH_CHECK_1764403200.0"})
-        self.assertEqual((status, body["result"]), (409, "health_check"))
+        for rid in ("HEALTH_CHECK_1764403200.0", "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"):
+            status, body = client.force_fail({"rid": rid})
+            self.assertEqual((status, body["result"]), (409, "health_check"), rid)
 
         proc.stdin.close()
         self.assertEqual(proc.wait(10), 0)
@@ -100,7 +104,7 @@ class StandinServerTest(unittest.TestCase):
             self.assertEqual((server["levers"], server["lever_note"], server["pp_size"], server["transfer_queues"]),
                              (levers, "", 1, 4), backend)
             self.assertEqual([(r["transfer_in_flight"], r["transfer_queue"]) for r in listing["inflight"]],
-                             [(False, 2), (False, 1), (False, None)], backend)
+                             [(False, 2), (True, 1), (False, None), (False, None)], backend)
             self.assertEqual(listing["orphaned_transfers"], [])
             status, body = client.force_fail({"rid": "pinned-0001", "dry_run": True})
             self.assertEqual((status, body["result"], body["levers"]), (200, "would_flip", levers))
@@ -121,12 +125,13 @@ class StandinServerTest(unittest.TestCase):
             self.assertEqual(listing["server"]["levers"], [], era)
             self.assertIn(note, listing["server"]["lever_note"])
             self.assertEqual([r["rid"] for r in listing["inflight"]],
-                             ["pinned-0001", "healthy-0002", "HEALTH_CHECK_1764403200.0"])
+                             ["pinned-0001", "healthy-0002", "HEALTH_CHECK_1764403200.0",
+                              "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"])
             for dry_run in (True, False):
                 status, body = client.force_fail({"rid": "pinned-0001", "dry_run": dry_run})
                 self.assertEqual((status, body["result"]), (501, "unsupported"), era)
             time.sleep(0.1)
-            self.assertEqual(len(client.get_json()[1]["inflight"]), 3)
+            self.assertEqual(len(client.get_json()[1]["inflight"]), 4)
             self.assertEqual(self.metric(metrics_port, "sglang:num_transfer_failed_reqs_total"), 0)
 
     def test_pp2_releases_only_when_both_stages_fail(self):
@@ -138,10 +143,10 @@ class StandinServerTest(unittest.TestCase):
         self.assertEqual(stage0.force_fail({"rid": "pinned-0001", "bootstrap_room": room})[1]["result"], "flipped")
         time.sleep(0.2)
         for client in (stage0, stage1):
-            self.assertEqual(len(client.get_json()[1]["inflight"]), 3)
+            self.assertEqual(len(client.get_json()[1]["inflight"]), 4)
         self.assertEqual(stage1.force_fail({"rid": "pinned-0001", "bootstrap_room": room})[1]["result"], "flipped")
         for client in (stage0, stage1):
-            harness.wait_until(lambda: len(client.get_json()[1]["inflight"]) == 2, timeout=10)
+            harness.wait_until(lambda: len(client.get_json()[1]["inflight"]) == 3, timeout=10)
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
         self.assertIn('sglang:num_transfer_failed_reqs_total{model_name="standin",pp_rank="1"} 1.0', text)
 
