@@ -34,6 +34,14 @@ func annotations() []annotationSpec {
 			tagKeys: "dp_rank,pp_rank",
 			needs:   NeedsPlugin | NeedsWedge,
 		},
+		{
+			name: "Transfer wedges", color: "purple",
+			expr:    "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_transfer_wedged") + ") == 1",
+			title:   "Transfer queue wedged",
+			text:    "{{instance}} dp_rank {{dp_rank}} pp_rank {{pp_rank}}",
+			tagKeys: "dp_rank,pp_rank",
+			needs:   NeedsPlugin | NeedsTransferWedge,
+		},
 	}
 }
 

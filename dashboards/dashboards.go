@@ -37,8 +37,8 @@
 //
 // # Annotations
 //
-// Force-fail calls (every result) and wedged scheduler loops are annotation
-// queries; Annotations returns them for tests.
+// Force-fail calls (every result), wedged scheduler loops and wedged KV
+// transfer queues are annotation queries; Annotations returns them for tests.
 //
 // # SGLang label and metric eras
 //

@@ -843,6 +843,10 @@ var pluginMetrics = map[string]bool{
 	"sglang_watchdog_stuck_requests":               true,
 	"sglang_watchdog_scheduler_loop_stall_seconds": true,
 	"sglang_watchdog_scheduler_wedged":             true,
+	"sglang_watchdog_transfer_wedged":              true,
+	"sglang_watchdog_transfer_wedges_total":        true,
+	"sglang_watchdog_rank_targets":                 true,
+	"sglang_watchdog_stuck_unactionable_requests":  true,
 }
 
 func TestNeedsTags(t *testing.T) {
@@ -862,6 +866,9 @@ func TestNeedsTags(t *testing.T) {
 				}
 				if base, ok := resolveDoc(doc, m); ok && pluginMetrics[base] {
 					want |= NeedsPlugin
+				}
+				if m == "sglang_watchdog_alert_webhook_refusals_total" {
+					want |= NeedsWebhook
 				}
 				switch m {
 				case "sglang:kv_transfer_latency_ms_bucket":
@@ -1063,7 +1070,9 @@ func syntheticEras() []eraSeries {
 		}
 		return s
 	}
-	all := NeedsSGLangScrape | NeedsPlugin | NeedsDecodeRole | NeedsInflightTraffic | NeedsKVTransfer | NeedsTransferFailure
+	// The watchdog side (watchdogSeries) holds every documented metric, the
+	// webhook's refusals included.
+	all := NeedsSGLangScrape | NeedsPlugin | NeedsDecodeRole | NeedsInflightTraffic | NeedsKVTransfer | NeedsTransferFailure | NeedsWebhook
 	var v05, newest [][2]string
 	for _, dp := range []string{"0", "1"} {
 		v05 = append(v05, pd(`model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="`+dp+`"`,

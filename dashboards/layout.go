@@ -303,7 +303,7 @@ func layout() []rowSpec {
 		{title: "Force-fail", panels: []panelSpec{
 			{
 				kind: kindTimeseries, title: "Force-fail attempts by result and trigger", width: 8, height: 8, stacked: true,
-				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed. trigger is auto (the watchdog's own decision) or alert (Alertmanager webhook).",
+				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed; unsupported: no lever works on this SGLang. trigger is auto (the watchdog's own decision), alert (Alertmanager webhook) or fail_fast (a room queued behind a diagnosed transfer wedge).",
 				targets: []target{{
 					expr:   "sum by (result, trigger) (" + increase(wd("sglang_watchdog_force_fails_total")) + ")",
 					legend: "{{result}} ({{trigger}})",
@@ -311,7 +311,7 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindTimeseries, title: "Stuck requests not force-failed", width: 8, height: 8, stacked: true,
-				description: "Stuck requests the watchdog did not force-fail, by reason: mode_off, rate_limited, progressed, gone, source_down.",
+				description: "Stuck requests the watchdog did not force-fail, by reason: mode_off, rate_limited, progressed, gone, source_down, unsupported.",
 				targets: []target{{
 					expr:   "sum by (reason) (" + increase(wd("sglang_watchdog_force_fail_skips_total")) + ")",
 					legend: "{{reason}}",
@@ -319,10 +319,58 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindTimeseries, title: "Alert webhook deliveries", width: 8, height: 8, stacked: true,
-				description: "Alertmanager webhook deliveries per interval: accepted, ignored (no firing stuck-request alert), bad_request, disabled.",
+				description: "Authenticated Alertmanager webhook deliveries per interval: accepted, ignored (no firing stuck-request alert about this watchdog), bad_request, busy (trigger queue full, answered 503), disabled. Refusals (with the webhook on): unauthorized deliveries (no or wrong bearer token) and foreign_target alerts whose labels name another watchdog.",
+				targets: []target{
+					{
+						expr:   "sum by (result) (" + increase(wd("sglang_watchdog_alert_webhook_requests_total")) + ")",
+						legend: "{{result}}",
+					},
+					{
+						expr:   "sum by (reason) (" + increase(wd("sglang_watchdog_alert_webhook_refusals_total")) + ")",
+						legend: "refused: {{reason}}", needs: NeedsWebhook,
+					},
+				},
+			},
+		}},
+		{title: "Transfer wedges and restarts", panels: []panelSpec{
+			{
+				kind: kindTimeseries, title: "Wedged KV transfer queues", width: 8, height: 8, alertAt: 1,
+				description: "1 while a KV transfer queue of the rank is wedged: diagnosed (a stuck room with a transfer in flight, or an orphaned transfer on a queue whose rooms wait unchanged) or suspected (two or more stuck Transferring rooms, older plugin). Every room queued behind it hangs; auto mode fails them at once (trigger fail_fast), and only a restart frees the worker.",
 				targets: []target{{
-					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_alert_webhook_requests_total")) + ")",
+					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_transfer_wedged") + ")",
+					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Transfer wedges diagnosed", width: 8, height: 8, stacked: true,
+				description: "Transfer queue wedges diagnosed or suspected per interval, each counted once.",
+				targets: []target{{
+					expr:   "sum by (instance, dp_rank, pp_rank) (" + increase(wdRank("sglang_watchdog_transfer_wedges_total")) + ")",
+					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Restart escalations", width: 8, height: 8, stacked: true,
+				description: "Restart escalations of a diagnosed wedge per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, error (the wedge was left in place).",
+				targets: []target{{
+					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_restarts_total")) + ")",
 					legend: "{{result}}",
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 12, height: 8, alertAt: 1,
+				description: "Stuck requests the last attempt could not act on, by reason: source_down (the listing re-read before the call failed: a flapping source blocks every release) or unsupported (no lever works on this SGLang).",
+				targets: []target{{
+					expr:   "sum by (dp_rank, pp_rank, reason) (" + wdRank("sglang_watchdog_stuck_unactionable_requests") + ")",
+					legend: "dp{{dp_rank}} pp{{pp_rank}} {{reason}}", needs: NeedsPlugin,
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Plugin URLs per rank", width: 12, height: 8, alertAt: 2,
+				description: "Plugin URLs whose last listing reported each rank. Above 1 is a collision (a wrong --plugin.url or port mapping): the rank's series add up those targets, and another rank is probably not watched.",
+				targets: []target{{
+					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_rank_targets") + ")",
+					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
 				}},
 			},
 		}},

@@ -60,6 +60,13 @@ const (
 	NeedsForceFail
 	// NeedsWedge: a scheduler loop was wedged within the window.
 	NeedsWedge
+	// NeedsTransferWedge: a KV transfer queue was wedged (diagnosed or
+	// suspected, sglang_watchdog_transfer_wedged 1) within the window.
+	NeedsTransferWedge
+	// NeedsWebhook: the watchdog runs with --alertmanager.webhook, which
+	// exports the webhook's refusal counter (the delivery counter is
+	// exported either way).
+	NeedsWebhook
 )
 
 var needsNames = []struct {
@@ -76,6 +83,8 @@ var needsNames = []struct {
 	{NeedsTransferFailure, "transfer-failure"},
 	{NeedsForceFail, "force-fail"},
 	{NeedsWedge, "wedge"},
+	{NeedsTransferWedge, "transfer-wedge"},
+	{NeedsWebhook, "webhook"},
 }
 
 // SatisfiedBy reports whether every condition in n is among have.

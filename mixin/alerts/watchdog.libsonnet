@@ -80,6 +80,73 @@ local windows = import '../lib/windows.libsonnet';
           },
         },
         {
+          alert: 'SGLangWatchdogTransferWedged',
+          // transfer_wedged is 1 from the cycle a wedge is diagnosed (a stuck
+          // room with a transfer in flight, or an orphaned transfer on a queue
+          // that does not move) or suspected (older plugin). `for` rides out a
+          // restart escalation (--restart.mode).
+          expr: 'sglang_watchdog_transfer_wedged == 1',
+          'for': '1m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'An SGLang KV transfer worker is wedged; every request queued behind it hangs.',
+            description: promql.oneLine(|||
+              A KV transfer queue of dp_rank {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }}
+              on {{ $labels.instance }} is wedged on a transfer that never completes. Requests
+              bound for the same decode endpoints queue behind it and never finish; force-fail
+              answers their clients but cannot free the worker. Only a restart of the prefill
+              server clears it.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogRestartEscalated',
+          // Every restart escalation is alerted on, whatever its result:
+          // restarted (the plugin ended the server), or refused/failed (the
+          // wedge is still there).
+          expr: 'increase(sglang_watchdog_restarts_total{result!="would_restart"}[%s]) > 0' % range('30m'),
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The watchdog asked the SGLang plugin to restart a server with a wedged transfer worker.',
+            description: promql.oneLine(|||
+              {{ $labels.instance }} escalated a transfer wedge to a restart in the last 30
+              minutes with result {{ $labels.result }} ({{ printf "%.0f" $value }} time(s)).
+              "restarted" means the plugin ended the scheduler so that the orchestrator
+              restarts the server; any other result means the wedge was left in place.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogRankCollision',
+          expr: 'sglang_watchdog_rank_targets > 1',
+          'for': '5m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Several watchdog plugin URLs report the same SGLang rank.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} plugin URLs of {{ $labels.instance }} report dp_rank
+              {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }}. The rank's series add up
+              those targets; another rank is probably not watched at all. Fix --plugin.url
+              or the plugin's port mapping.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogStuckUnactionable',
+          expr: 'sglang_watchdog_stuck_unactionable_requests > 0',
+          'for': '10m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Stuck SGLang requests cannot be force-failed by the watchdog.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} stuck request(s) on dp_rank {{ $labels.dp_rank }} pp_rank
+              {{ $labels.pp_rank }} of {{ $labels.instance }} cannot be force-failed: reason
+              {{ $labels.reason }} (source_down: the plugin listing fails intermittently and the
+              re-read before each call fails; unsupported: no lever works on this SGLang).
+            |||),
+          },
+        },
+        {
           alert: 'SGLangWatchdogQueueGaugePinned',
           // queue_pinned already means "non-zero, unchanged for
           // --watchdog.pin-window (2m), no progress counter moved". Ranks where
