@@ -13,29 +13,32 @@ import (
 	"testing"
 
 	yaml "go.yaml.in/yaml/v2"
+
+	"github.com/sglang-watchdog/sglang-watchdog/internal/prombin"
 )
 
-// promtool returns the path of promtool, failing the test when it is missing: the
-// rule tests are part of the suite, never silently skipped.
-func promtool(t *testing.T) string {
+// promtools returns Debian's promtool 2.x and the promtool 3.x that
+// scripts/deps.sh builds, failing the test when either is missing: the rule
+// tests are part of the suite, never silently skipped, and the rules must mean
+// the same on both versions.
+func promtools(t *testing.T) []prombin.Stack {
 	t.Helper()
-	p, err := exec.LookPath("promtool")
+	stacks, err := prombin.All()
 	if err != nil {
-		t.Fatalf("promtool not found on PATH (%v): install the Debian package `prometheus` "+
-			"(apt-get install --no-install-recommends prometheus) or put a promtool 2.x binary on PATH", err)
+		t.Fatal(err)
 	}
-	return p
+	return stacks
 }
 
-func runPromtool(t *testing.T, dir string, args ...string) {
+func runPromtool(t *testing.T, promtool, dir string, args ...string) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), promtool(t), args...)
+	cmd := exec.CommandContext(t.Context(), promtool, args...)
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("%s %s: %v\n%s", promtool, strings.Join(args, " "), err, out)
 	}
-	t.Logf("promtool %s:\n%s", strings.Join(args, " "), out)
+	t.Logf("%s %s:\n%s", promtool, strings.Join(args, " "), out)
 }
 
 func ruleFiles(t *testing.T) []string {
@@ -69,14 +72,20 @@ func testFiles(t *testing.T) []string {
 
 func TestPromtoolCheckRules(t *testing.T) {
 	files := ruleFiles(t)
-	runPromtool(t, filepath.Dir(files[0]), append([]string{"check", "rules"}, files...)...)
+	for _, s := range promtools(t) {
+		t.Run(s.Name, func(t *testing.T) {
+			runPromtool(t, s.Promtool, filepath.Dir(files[0]), append([]string{"check", "rules"}, files...)...)
+		})
+	}
 }
 
 func TestPromtoolTestRules(t *testing.T) {
-	for _, f := range testFiles(t) {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			runPromtool(t, filepath.Dir(f), "test", "rules", f)
-		})
+	for _, s := range promtools(t) {
+		for _, f := range testFiles(t) {
+			t.Run(s.Name+"/"+filepath.Base(f), func(t *testing.T) {
+				runPromtool(t, s.Promtool, filepath.Dir(f), "test", "rules", f)
+			})
+		}
 	}
 }
 

@@ -21,8 +21,9 @@ var FS embed.FS
 const RunbookBaseURL = "https://github.com/sglang-watchdog/sglang-watchdog/blob/main/docs/runbook.md"
 
 // WatchdogJobSelector is the label matcher that watchdog.rules.yml uses to select
-// the watchdog's scrape job (in SGLangWatchdogDown and SGLangWatchdogAbsent only).
-// Generators that retarget the rules replace this exact string.
+// the watchdog's scrape job (in SGLangWatchdogDown and SGLangWatchdogAbsent only):
+// the mixin's default _config.watchdogSelector. Generators that retarget the
+// rules replace this exact string (or render the mixin with their own selector).
 const WatchdogJobSelector = `job=~"sglang-watchdog.*"`
 
 // Names returns the base names of the embedded rule files, sorted.

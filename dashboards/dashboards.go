@@ -2,17 +2,27 @@
 // Grafana Foundation SDK, and exports its queries so that tests can run them
 // against a real Prometheus.
 //
-// The committed JSON (sglang-watchdog.json) is generated; after editing this
-// package run, from the repository root:
+// The dashboard is part of the monitoring mixin (../mixin): this package
+// writes the mixin's base dashboard (FileName, with the mixin's default
+// _config), and the mixin renders dashboards/sglang-watchdog.json from it.
+// After editing this package run, from the repository root:
 //
-//	go generate ./dashboards/
+//	go generate ./mixin/
 //
-// The package test fails when the committed JSON differs from the output.
+// The package test fails when the committed base differs from the output, and
+// the mixin's test when the rendered file does.
 //
 // # Variables
 //
 //   - datasource: a Prometheus data source; every panel, target and query
 //     variable uses ${datasource}.
+//   - cluster (hidden unless the mixin's showMultiCluster), namespace: every
+//     query matches cluster=~"$cluster" and namespace=~"$namespace"; with All
+//     (".*") series without those labels match as well.
+//   - job: the watchdog's scrape jobs (the variable query selects them with
+//     alerts.WatchdogJobSelector, which the mixin retargets). Only the
+//     watchdog's own series match job=~"$job": SGLang's series come from
+//     another job and are tied to their watchdog by host.
 //   - instance: hosts running SGLang or the watchdog, with the port stripped,
 //     so that an SGLang server and its watchdog sidecar (same pod IP or host,
 //     different ports) are one choice. Queries match it as
@@ -24,6 +34,11 @@
 //   - dp_rank: from the watchdog's queue series (which always carry dp_rank).
 //     Raw SGLang queries match dp_rank=~"$dp_rank|" because non-DP servers
 //     emit no dp_rank label.
+//
+// # Annotations
+//
+// Force-fail calls (every result), wedged scheduler loops and wedged KV
+// transfer queues are annotation queries; Annotations returns them for tests.
 //
 // # SGLang label and metric eras
 //
@@ -39,8 +54,6 @@
 // conditions of every target.
 package dashboards
 
-//go:generate go run ./gen -out sglang-watchdog.json
-
 import (
 	"bytes"
 	"encoding/json"
@@ -53,6 +66,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/prometheus"
 	"github.com/grafana/grafana-foundation-sdk/go/stat"
 	"github.com/grafana/grafana-foundation-sdk/go/timeseries"
+
+	"github.com/sglang-watchdog/sglang-watchdog/alerts"
 )
 
 const (
@@ -60,12 +75,13 @@ const (
 	UID = "sglang-watchdog"
 	// Title is the dashboard's title.
 	Title = "SGLang PD watchdog"
-	// FileName is the generated file, relative to this package's directory.
-	FileName = "sglang-watchdog.json"
+	// FileName is the generated file, the mixin's base dashboard, relative to
+	// this package's directory.
+	FileName = "../mixin/dashboards/sglang-watchdog.json"
 	// DatasourceVar is the name of the data source variable.
 	DatasourceVar = "datasource"
 	// GenerateCommand regenerates the committed JSON (from the repository root).
-	GenerateCommand = "go generate ./dashboards/"
+	GenerateCommand = "go generate ./mixin/"
 )
 
 // tags are the dashboard's tags.
@@ -103,6 +119,10 @@ func Dashboard() (dashboard.Dashboard, error) {
 		b = b.WithVariable(variableBuilder(v))
 	}
 
+	for _, a := range annotations() {
+		b = b.Annotation(annotationBuilder(a))
+	}
+
 	rows := layout()
 	rowIDs, placed := assignIDs(rows)
 	next := 0
@@ -113,7 +133,22 @@ func Dashboard() (dashboard.Dashboard, error) {
 			next++
 		}
 	}
-	return b.Build()
+	d, err := b.Build()
+	if err != nil {
+		return d, err
+	}
+	// The SDK fills in the interval variable's auto, auto_min and auto_count
+	// on every variable; Grafana's schema allows them on none of ours.
+	for i := range d.Templating.List {
+		v := &d.Templating.List[i]
+		v.Auto, v.AutoMin, v.AutoCount = nil, nil, nil
+	}
+	// Annotation toggles stay above the panels, where Grafana puts them by
+	// default, not in the SDK's controls menu.
+	for i := range d.Annotations.List {
+		d.Annotations.List[i].Placement = nil
+	}
+	return d, nil
 }
 
 // datasourceRef points at the data source variable.
@@ -122,18 +157,44 @@ func datasourceRef() common.DataSourceRef {
 	return common.DataSourceRef{Type: &typ, Uid: &uid}
 }
 
+// watchdogSelector selects the watchdog's scrape jobs in the variable
+// queries; the mixin replaces it with _config.watchdogSelector.
+const watchdogSelector = alerts.WatchdogJobSelector
+
+// The cluster, namespace and job variables list what the watchdogs report,
+// each narrowed by the variables before it.
+const (
+	variableQueryCluster   = `label_values(sglang_watchdog_build_info{` + watchdogSelector + `}, cluster)`
+	variableQueryNamespace = `label_values(sglang_watchdog_build_info{` + watchdogSelector + `, ` + matchCluster + `}, namespace)`
+	variableQueryJob       = `label_values(sglang_watchdog_build_info{` + watchdogSelector + `, ` + matchCluster + `, ` + matchNamespace + `}, job)`
+)
+
 // variableQueryInstance lists the hosts of watchdogs and PD SGLang servers.
-const variableQueryInstance = `label_values({__name__=~"sglang_watchdog_build_info|sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs"}, instance)`
+const variableQueryInstance = `label_values({__name__=~"sglang_watchdog_build_info|sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs", ` + matchCluster + `, ` + matchNamespace + `}, instance)`
 
 // variableQueryModel folds the ~v0.3.5-era "name" label into model_name, so
 // that servers of every era list their model.
-const variableQueryModel = `query_result(count by (model_name) (label_replace({__name__=~"sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs|sglang:num_running_reqs", ` + matchInstance + `}, "model_name", "$1", "name", "(.+)")))`
+const variableQueryModel = `query_result(count by (model_name) (label_replace({__name__=~"sglang:num_prefill_inflight_queue_reqs|sglang:num_decode_transfer_queue_reqs|sglang:num_running_reqs", ` + matchTarget + `}, "model_name", "$1", "name", "(.+)")))`
 
-const variableQueryRank = `label_values(sglang_watchdog_queue_requests{` + matchInstance + `}, dp_rank)`
+const variableQueryRank = `label_values(sglang_watchdog_queue_requests{` + matchTarget + `, ` + matchJob + `}, dp_rank)`
 
 func variables() []Variable {
 	return []Variable{
 		{Name: DatasourceVar, Type: "datasource", Query: "prometheus"},
+		// Hidden: a single cluster needs no picker. The mixin shows it with
+		// _config.showMultiCluster.
+		{
+			Name: "cluster", Type: "query", Query: variableQueryCluster,
+			Multi: true, IncludeAll: true, AllValue: allValue, Hidden: true,
+		},
+		{
+			Name: "namespace", Type: "query", Query: variableQueryNamespace,
+			Multi: true, IncludeAll: true, AllValue: allValue,
+		},
+		{
+			Name: "job", Type: "query", Query: variableQueryJob,
+			Multi: true, IncludeAll: true, AllValue: allValue,
+		},
 		{
 			Name: "instance", Type: "query", Query: variableQueryInstance,
 			Regex: `/^(.*?)(?::[0-9]+)?$/`, Multi: true, IncludeAll: true, AllValue: allValue,
@@ -151,6 +212,9 @@ func variables() []Variable {
 
 var variableLabels = map[string]string{
 	DatasourceVar: "Data source",
+	"cluster":     "Cluster",
+	"namespace":   "Namespace",
+	"job":         "Watchdog job",
 	"instance":    "Host",
 	"model_name":  "Model",
 	"dp_rank":     "DP rank",
@@ -172,7 +236,6 @@ func variableBuilder(v Variable) cog.Builder[dashboard.VariableModel] {
 		Label(variableLabels[v.Name]).
 		Datasource(datasourceRef()).
 		Query(dashboard.StringOrMap{String: &q}).
-		Definition(q).
 		Refresh(dashboard.VariableRefreshOnTimeRangeChanged).
 		Sort(sort).
 		Multi(v.Multi).
@@ -186,6 +249,9 @@ func variableBuilder(v Variable) cog.Builder[dashboard.VariableModel] {
 	}
 	if v.Regex != "" {
 		b = b.Regex(v.Regex)
+	}
+	if v.Hidden {
+		b = b.Hide(dashboard.VariableHideHideVariable)
 	}
 	return b
 }
@@ -281,6 +347,9 @@ func panelBuilder(p placedPanel) cog.Builder[dashboard.Panel] {
 			Min(0).
 			FillOpacity(10).
 			Thresholds(thresholds(s.alertAt)).
+			Tooltip(common.NewVizTooltipOptionsBuilder().
+				Mode(common.TooltipDisplayModeMulti).
+				Sort(common.SortOrderDescending)).
 			Legend(common.NewVizLegendOptionsBuilder().
 				DisplayMode(common.LegendDisplayModeTable).
 				Placement(common.LegendPlacementBottom).

@@ -15,6 +15,8 @@ import (
 	"github.com/grafana/grafana-foundation-sdk/go/cog"
 	"github.com/grafana/grafana-foundation-sdk/go/cog/plugins"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+
+	"github.com/sglang-watchdog/sglang-watchdog/internal/prombin"
 )
 
 // ---------------------------------------------------------------------------
@@ -30,7 +32,7 @@ func TestCommittedJSONIsUpToDate(t *testing.T) {
 		t.Fatalf("reading committed dashboard: %v; run `%s` from the repository root", err, GenerateCommand)
 	}
 	if !bytes.Equal(got, want) {
-		t.Fatalf("dashboards/%s is stale (%s); run `%s` from the repository root and commit the result",
+		t.Fatalf("%s is stale (%s); run `%s` from the repository root and commit the result",
 			FileName, firstDifference(got, want), GenerateCommand)
 	}
 }
@@ -88,6 +90,7 @@ type jsonVariable struct {
 	IncludeAll bool            `json:"includeAll"`
 	AllValue   string          `json:"allValue"`
 	Regex      string          `json:"regex"`
+	Hide       int             `json:"hide"`
 }
 
 type jsonPanel struct {
@@ -168,7 +171,7 @@ func TestVariables(t *testing.T) {
 	if !ok || ds.Type != "datasource" || ds.Query != "prometheus" {
 		t.Fatalf("want a datasource variable of type prometheus, got %+v", ds)
 	}
-	for _, name := range []string{"instance", "model_name", "dp_rank"} {
+	for _, name := range []string{"cluster", "namespace", "job", "instance", "model_name", "dp_rank"} {
 		v, ok := byName[name]
 		if !ok {
 			t.Errorf("variable %q missing", name)
@@ -180,8 +183,12 @@ func TestVariables(t *testing.T) {
 		if v.Datasource == nil || v.Datasource.UID != "${datasource}" || v.Datasource.Type != "prometheus" {
 			t.Errorf("%s: datasource %+v, want ${datasource}", name, v.Datasource)
 		}
-		if v.Query == "" || v.Definition != v.Query {
-			t.Errorf("%s: query %q, definition %q", name, v.Query, v.Definition)
+		// Grafana's schema has no definition field; the query is all there is.
+		if v.Query == "" || v.Definition != "" {
+			t.Errorf("%s: query %q, definition %q (want a query and no definition)", name, v.Query, v.Definition)
+		}
+		if hidden := v.Hide == 2; hidden != (name == "cluster") {
+			t.Errorf("%s: hide = %d; only the cluster variable is hidden (until the mixin's showMultiCluster)", name, v.Hide)
 		}
 		// Every query variable is multi-value with All, and All must also
 		// match series that lack the label (older SGLang eras, non-DP servers).
@@ -213,11 +220,11 @@ func TestVariables(t *testing.T) {
 	var names []string
 	for _, v := range Variables() {
 		names = append(names, v.Name)
-		if j := byName[v.Name]; j.Query != v.Query || j.Regex != v.Regex || j.Multi != v.Multi || j.IncludeAll != v.IncludeAll || j.AllValue != v.AllValue {
+		if j := byName[v.Name]; j.Query != v.Query || j.Regex != v.Regex || j.Multi != v.Multi || j.IncludeAll != v.IncludeAll || j.AllValue != v.AllValue || (j.Hide == 2) != v.Hidden {
 			t.Errorf("Variables()[%s] = %+v, JSON %+v", v.Name, v, j)
 		}
 	}
-	if want := []string{"datasource", "instance", "model_name", "dp_rank"}; !slices.Equal(names, want) {
+	if want := []string{"datasource", "cluster", "namespace", "job", "instance", "model_name", "dp_rank"}; !slices.Equal(names, want) {
 		t.Errorf("Variables() names = %v, want %v", names, want)
 	}
 }
@@ -652,6 +659,9 @@ func allExprs(t *testing.T) map[string]string {
 		}
 		out["variable "+v.Name] = e
 	}
+	for _, a := range Annotations() {
+		out[fmt.Sprintf("annotation %q", a.Panel)] = a.Expr
+	}
 	return out
 }
 
@@ -691,16 +701,34 @@ func TestQueriesUseOnlyKnownMetrics(t *testing.T) {
 	}
 }
 
+// Labels Prometheus adds to every series of a target.
+var targetLabels = map[string]bool{"cluster": true, "namespace": true, "job": true, "instance": true}
+
+// variableMatchers are the matchers each query variable's query must have:
+// the variables before it, and the watchdog job selector where it lists the
+// watchdog's own series.
+var variableMatchers = map[string]map[string]string{
+	"cluster":    {"job": `=~"sglang-watchdog.*"`},
+	"namespace":  {"job": `=~"sglang-watchdog.*"`, "cluster": `=~"$cluster"`},
+	"job":        {"job": `=~"sglang-watchdog.*"`, "cluster": `=~"$cluster"`, "namespace": `=~"$namespace"`},
+	"instance":   {"cluster": `=~"$cluster"`, "namespace": `=~"$namespace"`},
+	"model_name": {"cluster": `=~"$cluster"`, "namespace": `=~"$namespace"`, "instance": `=~"$instance(:[0-9]+)?"`},
+	"dp_rank":    {"cluster": `=~"$cluster"`, "namespace": `=~"$namespace"`, "instance": `=~"$instance(:[0-9]+)?"`, "job": `=~"$job"`},
+}
+
 // Every query filters by the variables that apply to its series.
 func TestQueriesUseVariables(t *testing.T) {
 	doc := loadDocMetrics(t)
 	const (
-		inst     = `=~"$instance(:[0-9]+)?"`
-		rank     = `=~"$dp_rank"`
-		rawRank  = `=~"$dp_rank|"`
-		model    = `=~"$model_name"`
-		total    = `=""`
-		variable = "variable "
+		cluster   = `=~"$cluster"`
+		namespace = `=~"$namespace"`
+		job       = `=~"$job"`
+		inst      = `=~"$instance(:[0-9]+)?"`
+		rank      = `=~"$dp_rank"`
+		rawRank   = `=~"$dp_rank|"`
+		model     = `=~"$model_name"`
+		total     = `=""`
+		variable  = "variable "
 	)
 	for where, expr := range allExprs(t) {
 		sels, _, err := parsePromQL(expr)
@@ -712,17 +740,29 @@ func TestQueriesUseVariables(t *testing.T) {
 		eraCount := map[string]int{}
 		for _, s := range sels {
 			name := s.metrics[0]
-			if isVar && where == variable+"instance" {
-				if len(s.matchers) != 1 {
-					t.Errorf("%s: the instance variable must not depend on other variables: %v", where, s.matchers)
+			if isVar {
+				// Each variable depends on exactly the variables before it.
+				want := variableMatchers[strings.TrimPrefix(where, variable)]
+				for l, v := range s.matchers {
+					if l != "__name__" && want[l] != v {
+						t.Errorf("%s: matcher %s%s, want %q", where, l, v, want[l])
+					}
+				}
+				for l, v := range want {
+					if s.matchers[l] != v {
+						t.Errorf("%s: no matcher %s%s", where, l, v)
+					}
 				}
 				continue
 			}
-			if got := s.matchers["instance"]; got != inst {
-				t.Errorf("%s: %s has instance matcher %q, want instance%s", where, name, got, inst)
+			for l, want := range map[string]string{"cluster": cluster, "namespace": namespace, "instance": inst} {
+				if got := s.matchers[l]; got != want {
+					t.Errorf("%s: %s has %s matcher %q, want %s%s", where, name, l, got, l, want)
+				}
 			}
-			if isVar {
-				continue
+			// Only the watchdog's own series come from the watchdog's job.
+			if got, isWD := s.matchers["job"], strings.HasPrefix(name, "sglang_watchdog_"); isWD && got != job || !isWD && got != "" {
+				t.Errorf("%s: %s has job matcher %q; want job%s on sglang_watchdog_* only", where, name, got, job)
 			}
 			switch {
 			case strings.HasPrefix(name, "sglang:"):
@@ -754,7 +794,7 @@ func TestQueriesUseVariables(t *testing.T) {
 					t.Errorf("%s: %s has no dp_rank label but is filtered by it", where, name)
 				}
 				for l := range s.matchers {
-					if l != "instance" && l != "dp_rank" && !doc[base].labels[l] {
+					if !targetLabels[l] && l != "dp_rank" && !doc[base].labels[l] {
 						t.Errorf("%s: %s matches label %q it does not carry", where, name, l)
 					}
 				}
@@ -803,6 +843,10 @@ var pluginMetrics = map[string]bool{
 	"sglang_watchdog_stuck_requests":               true,
 	"sglang_watchdog_scheduler_loop_stall_seconds": true,
 	"sglang_watchdog_scheduler_wedged":             true,
+	"sglang_watchdog_transfer_wedged":              true,
+	"sglang_watchdog_transfer_wedges_total":        true,
+	"sglang_watchdog_rank_targets":                 true,
+	"sglang_watchdog_stuck_unactionable_requests":  true,
 }
 
 func TestNeedsTags(t *testing.T) {
@@ -822,6 +866,9 @@ func TestNeedsTags(t *testing.T) {
 				}
 				if base, ok := resolveDoc(doc, m); ok && pluginMetrics[base] {
 					want |= NeedsPlugin
+				}
+				if m == "sglang_watchdog_alert_webhook_refusals_total" {
+					want |= NeedsWebhook
 				}
 				switch m {
 				case "sglang:kv_transfer_latency_ms_bucket":
@@ -929,10 +976,7 @@ func TestVariableRegexSemantics(t *testing.T) {
 // rule expression with Prometheus's own parser: run each expanded query
 // through it as a recording rule.
 func TestQueriesParseWithPromtool(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatal("promtool not on PATH: install the Debian package prometheus (scripts/deps.sh does)")
-	}
+	stacks := promtools(t)
 	var b strings.Builder
 	b.WriteString("groups:\n- name: dashboard-queries\n  rules:\n")
 	n := 0
@@ -949,6 +993,9 @@ func TestQueriesParseWithPromtool(t *testing.T) {
 	// Also with concrete selections, as Grafana expands them.
 	for _, q := range Queries() {
 		add(Expand(q.Expr, map[string]string{
+			"cluster":         allValue,
+			"namespace":       allValue,
+			"job":             RegexValue("sglang-watchdog", "sglang-watchdog-b"),
 			"instance":        RegexValue("10.0.0.7"),
 			"model_name":      RegexValue("deepseek-ai/DeepSeek-R1", "meta-llama/Llama-3.1-8B"),
 			"dp_rank":         RegexValue("0", "3"),
@@ -960,16 +1007,29 @@ func TestQueriesParseWithPromtool(t *testing.T) {
 	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(promtool, "check", "rules", file).CombinedOutput()
-	if err != nil {
-		var failed []string
-		for _, m := range regexp.MustCompile(`dashboard:query_(\d+)`).FindAllStringSubmatch(string(out), -1) {
-			var i int
-			fmt.Sscan(m[1], &i)
-			failed = append(failed, fmt.Sprintf("%s = %s", m[0], where[i]))
+	for _, s := range stacks {
+		out, err := exec.Command(s.Promtool, "check", "rules", file).CombinedOutput()
+		if err != nil {
+			var failed []string
+			for _, m := range regexp.MustCompile(`dashboard:query_(\d+)`).FindAllStringSubmatch(string(out), -1) {
+				var i int
+				fmt.Sscan(m[1], &i)
+				failed = append(failed, fmt.Sprintf("%s = %s", m[0], where[i]))
+			}
+			t.Fatalf("promtool check rules (%s): %v\n%s\n%s", s.Name, err, out, strings.Join(failed, "\n"))
 		}
-		t.Fatalf("promtool check rules: %v\n%s\n%s", err, out, strings.Join(failed, "\n"))
 	}
+}
+
+// promtools returns Debian's promtool 2.x and the 3.x that scripts/deps.sh
+// builds: every query must parse and return data on both.
+func promtools(t *testing.T) []prombin.Stack {
+	t.Helper()
+	stacks, err := prombin.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stacks
 }
 
 // eraSeries is the synthetic SGLang /metrics of one label era, as Prometheus
@@ -1010,7 +1070,9 @@ func syntheticEras() []eraSeries {
 		}
 		return s
 	}
-	all := NeedsSGLangScrape | NeedsPlugin | NeedsDecodeRole | NeedsInflightTraffic | NeedsKVTransfer | NeedsTransferFailure
+	// The watchdog side (watchdogSeries) holds every documented metric, the
+	// webhook's refusals included.
+	all := NeedsSGLangScrape | NeedsPlugin | NeedsDecodeRole | NeedsInflightTraffic | NeedsKVTransfer | NeedsTransferFailure | NeedsWebhook
 	var v05, newest [][2]string
 	for _, dp := range []string{"0", "1"} {
 		v05 = append(v05, pd(`model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",dp_rank="`+dp+`"`,
@@ -1077,16 +1139,15 @@ func watchdogSeries(doc map[string]docMetric) [][2]string {
 // a host that is not there. The watchdog side is generated from
 // docs/metrics.md. Runs the queries with `promtool test rules`.
 func TestQueriesReturnDataPerEra(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Fatal("promtool not on PATH: install the Debian package prometheus (scripts/deps.sh does)")
-	}
+	stacks := promtools(t)
 	doc := loadDocMetrics(t)
 	wdSeries := watchdogSeries(doc)
 	picked := map[string]string{
+		"cluster": allValue, "namespace": allValue, "job": RegexValue("sglang-watchdog"),
 		"instance": RegexValue("10.0.0.7"), "model_name": RegexValue("m"), "dp_rank": RegexValue("0"), "__rate_interval": "1m",
 	}
 	elsewhere := map[string]string{
+		"cluster": allValue, "namespace": allValue, "job": allValue,
 		"instance": RegexValue("10.0.0.8"), "model_name": allValue, "dp_rank": allValue, "__rate_interval": "1m",
 	}
 	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
@@ -1133,9 +1194,11 @@ func TestQueriesReturnDataPerEra(t *testing.T) {
 	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(promtool, "test", "rules", file).CombinedOutput()
-	if err != nil {
-		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	for _, s := range stacks {
+		out, err := exec.Command(s.Promtool, "test", "rules", file).CombinedOutput()
+		if err != nil {
+			t.Fatalf("promtool test rules (%s): %v\n%s", s.Name, err, out)
+		}
 	}
 	for i, qu := range Queries() {
 		if !covered[i] {

@@ -18,6 +18,18 @@ const (
 	// (host:30000) and its watchdog sidecar (host:<watchdog port>) are
 	// selected together.
 	matchInstance = `instance=~"$instance(:[0-9]+)?"`
+	// matchCluster and matchNamespace narrow every query to the picked
+	// cluster and Kubernetes namespace; series without the label (a single
+	// cluster, no Kubernetes) match the All value ".*". The mixin renames
+	// the cluster label (_config.clusterLabel) in every query.
+	matchCluster   = `cluster=~"$cluster"`
+	matchNamespace = `namespace=~"$namespace"`
+	// matchTarget is what every query selects by: cluster, namespace, host.
+	matchTarget = matchCluster + ", " + matchNamespace + ", " + matchInstance
+	// matchJob filters the watchdog's own series by its scrape job. SGLang's
+	// series come from another job (its own /metrics), so they are tied to
+	// the watchdog by host instead (matchInstance).
+	matchJob = `job=~"$job"`
 	// matchRank filters watchdog series, which always carry dp_rank (the
 	// watchdog exports a missing SGLang rank as "0").
 	matchRank = `dp_rank=~"$dp_rank"`
@@ -37,10 +49,12 @@ const (
 )
 
 // wd selects a watchdog metric that carries no rank label.
-func wd(metric string) string { return metric + "{" + matchInstance + "}" }
+func wd(metric string) string { return metric + "{" + matchTarget + ", " + matchJob + "}" }
 
 // wdRank selects a watchdog metric that carries dp_rank.
-func wdRank(metric string) string { return metric + "{" + matchInstance + ", " + matchRank + "}" }
+func wdRank(metric string) string {
+	return metric + "{" + matchTarget + ", " + matchJob + ", " + matchRank + "}"
+}
 
 // rawSels returns the two selectors of one of SGLang's own metrics: by
 // model_name, and by the old "name" label. With $model_name set to All both
@@ -50,7 +64,7 @@ func wdRank(metric string) string { return metric + "{" + matchInstance + ", " +
 func rawSels(metric string, extra ...string) [2]string {
 	var out [2]string
 	for i, model := range []string{matchModel, matchModelOld} {
-		m := append([]string{matchInstance, model, matchRawRank}, extra...)
+		m := append([]string{matchTarget, model, matchRawRank}, extra...)
 		out[i] = metric + "{" + strings.Join(m, ", ") + "}"
 	}
 	return out
@@ -289,7 +303,7 @@ func layout() []rowSpec {
 		{title: "Force-fail", panels: []panelSpec{
 			{
 				kind: kindTimeseries, title: "Force-fail attempts by result and trigger", width: 8, height: 8, stacked: true,
-				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed. trigger is auto (the watchdog's own decision) or alert (Alertmanager webhook).",
+				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed; unsupported: no lever works on this SGLang. trigger is auto (the watchdog's own decision), alert (Alertmanager webhook) or fail_fast (a room queued behind a diagnosed transfer wedge).",
 				targets: []target{{
 					expr:   "sum by (result, trigger) (" + increase(wd("sglang_watchdog_force_fails_total")) + ")",
 					legend: "{{result}} ({{trigger}})",
@@ -297,7 +311,7 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindTimeseries, title: "Stuck requests not force-failed", width: 8, height: 8, stacked: true,
-				description: "Stuck requests the watchdog did not force-fail, by reason: mode_off, rate_limited, progressed, gone, source_down.",
+				description: "Stuck requests the watchdog did not force-fail, by reason: mode_off, rate_limited, progressed, gone, source_down, unsupported.",
 				targets: []target{{
 					expr:   "sum by (reason) (" + increase(wd("sglang_watchdog_force_fail_skips_total")) + ")",
 					legend: "{{reason}}",
@@ -305,10 +319,58 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindTimeseries, title: "Alert webhook deliveries", width: 8, height: 8, stacked: true,
-				description: "Alertmanager webhook deliveries per interval: accepted, ignored (no firing stuck-request alert), bad_request, disabled.",
+				description: "Authenticated Alertmanager webhook deliveries per interval: accepted, ignored (no firing stuck-request alert about this watchdog), bad_request, busy (trigger queue full, answered 503), disabled. Refusals (with the webhook on): unauthorized deliveries (no or wrong bearer token) and foreign_target alerts whose labels name another watchdog.",
+				targets: []target{
+					{
+						expr:   "sum by (result) (" + increase(wd("sglang_watchdog_alert_webhook_requests_total")) + ")",
+						legend: "{{result}}",
+					},
+					{
+						expr:   "sum by (reason) (" + increase(wd("sglang_watchdog_alert_webhook_refusals_total")) + ")",
+						legend: "refused: {{reason}}", needs: NeedsWebhook,
+					},
+				},
+			},
+		}},
+		{title: "Transfer wedges and restarts", panels: []panelSpec{
+			{
+				kind: kindTimeseries, title: "Wedged KV transfer queues", width: 8, height: 8, alertAt: 1,
+				description: "1 while a KV transfer queue of the rank is wedged: diagnosed (a stuck room with a transfer in flight, or an orphaned transfer on a queue whose rooms wait unchanged) or suspected (two or more stuck Transferring rooms, older plugin). Every room queued behind it hangs; auto mode fails them at once (trigger fail_fast), and only a restart frees the worker.",
 				targets: []target{{
-					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_alert_webhook_requests_total")) + ")",
+					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_transfer_wedged") + ")",
+					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Transfer wedges diagnosed", width: 8, height: 8, stacked: true,
+				description: "Transfer queue wedges diagnosed or suspected per interval, each counted once.",
+				targets: []target{{
+					expr:   "sum by (instance, dp_rank, pp_rank) (" + increase(wdRank("sglang_watchdog_transfer_wedges_total")) + ")",
+					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Restart escalations", width: 8, height: 8, stacked: true,
+				description: "Restart escalations of a diagnosed wedge per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, error (the wedge was left in place).",
+				targets: []target{{
+					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_restarts_total")) + ")",
 					legend: "{{result}}",
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 12, height: 8, alertAt: 1,
+				description: "Stuck requests the last attempt could not act on, by reason: source_down (the listing re-read before the call failed: a flapping source blocks every release) or unsupported (no lever works on this SGLang).",
+				targets: []target{{
+					expr:   "sum by (dp_rank, pp_rank, reason) (" + wdRank("sglang_watchdog_stuck_unactionable_requests") + ")",
+					legend: "dp{{dp_rank}} pp{{pp_rank}} {{reason}}", needs: NeedsPlugin,
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Plugin URLs per rank", width: 12, height: 8, alertAt: 2,
+				description: "Plugin URLs whose last listing reported each rank. Above 1 is a collision (a wrong --plugin.url or port mapping): the rank's series add up those targets, and another rank is probably not watched.",
+				targets: []target{{
+					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_rank_targets") + ")",
+					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
 				}},
 			},
 		}},
@@ -389,7 +451,7 @@ func layout() []rowSpec {
 				kind: kindTimeseries, title: "Prometheus targets up", width: 8, height: 8,
 				description: "Prometheus's up series for every target on the selected hosts: SGLang's /metrics and the watchdog.",
 				targets: []target{{
-					expr:   "up{" + matchInstance + "}",
+					expr:   "up{" + matchTarget + "}",
 					legend: "{{job}} {{instance}}",
 				}},
 			},

@@ -55,6 +55,18 @@ const (
 	// (for example a force-fail that released a stuck request). Servers that
 	// create the failure counters at start satisfy it without a failure.
 	NeedsTransferFailure
+	// NeedsForceFail: the watchdog made a force-fail call (any result,
+	// would_flip in dry-run mode included) within the window.
+	NeedsForceFail
+	// NeedsWedge: a scheduler loop was wedged within the window.
+	NeedsWedge
+	// NeedsTransferWedge: a KV transfer queue was wedged (diagnosed or
+	// suspected, sglang_watchdog_transfer_wedged 1) within the window.
+	NeedsTransferWedge
+	// NeedsWebhook: the watchdog runs with --alertmanager.webhook, which
+	// exports the webhook's refusal counter (the delivery counter is
+	// exported either way).
+	NeedsWebhook
 )
 
 var needsNames = []struct {
@@ -69,6 +81,10 @@ var needsNames = []struct {
 	{NeedsInflightTraffic, "inflight-traffic"},
 	{NeedsKVTransfer, "kv-transfer"},
 	{NeedsTransferFailure, "transfer-failure"},
+	{NeedsForceFail, "force-fail"},
+	{NeedsWedge, "wedge"},
+	{NeedsTransferWedge, "transfer-wedge"},
+	{NeedsWebhook, "webhook"},
 }
 
 // SatisfiedBy reports whether every condition in n is among have.
@@ -143,6 +159,9 @@ type Variable struct {
 	IncludeAll bool
 	// AllValue is what "All" expands to inside queries.
 	AllValue string
+	// Hidden variables are not shown on the dashboard (the cluster picker
+	// until the mixin's showMultiCluster turns it on).
+	Hidden bool
 }
 
 // Variables returns the dashboard's template variables in display order.
@@ -176,6 +195,9 @@ var varRef = regexp.MustCompile(`\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)(?::\w+)?\]\]|\
 // four times the Prometheus scrape interval of the test setup).
 func AllVars() map[string]string {
 	return map[string]string{
+		"cluster":         allValue,
+		"namespace":       allValue,
+		"job":             allValue,
 		"instance":        allValue,
 		"model_name":      allValue,
 		"dp_rank":         allValue,

@@ -25,16 +25,17 @@ import (
 const parityToken = "parity-token"
 
 // startStandin runs the real Python plugin on its stand-in scheduler loop
-// (sglang_plugin/tests/standin_server.py, scenario parity) and returns its
-// plugin and metrics base URLs.
-func startStandin(t *testing.T, backend, tokenFile string) (string, string) {
+// (sglang_plugin/tests/standin_server.py, scenario parity unless args say
+// otherwise) and returns its plugin and metrics base URLs (with --pp-size 2,
+// the first stage's; the second stage listens on the next port).
+func startStandin(t *testing.T, backend, tokenFile string, args ...string) (string, string) {
 	t.Helper()
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatal("python3 not found: install the Debian package python3 (scripts/deps.sh does)")
 	}
-	cmd := exec.Command(python, filepath.Join(repoRoot, "sglang_plugin", "tests", "standin_server.py"),
-		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile, "--scenario", "parity")
+	cmd := exec.Command(python, append([]string{filepath.Join(repoRoot, "sglang_plugin", "tests", "standin_server.py"),
+		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +95,7 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(l.Inflight) != 3 || l.Inflight[1].BootstrapRoom != 18446744073709551557 || l.Server.TransferBackend != backend {
+			if len(l.Inflight) != 4 || l.Inflight[1].BootstrapRoom != 18446744073709551557 || l.Server.TransferBackend != backend {
 				t.Fatalf("listing %+v", l)
 			}
 
@@ -117,8 +118,8 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			for _, r := range l.Inflight {
 				left = append(left, r.RID)
 			}
-			if !reflect.DeepEqual(left, []string{"healthy-0002", "HEALTH_CHECK_1764403200.0"}) {
-				t.Fatalf("inflight after the release: %v, want the progressing request and the health check", left)
+			if !reflect.DeepEqual(left, []string{"healthy-0002", "HEALTH_CHECK_1764403200.0", sglangsim.ParityWarmupRID}) {
+				t.Fatalf("inflight after the release: %v, want the progressing request, the health check and the warm-up", left)
 			}
 			for _, r := range watchdog.Results {
 				line := fmt.Sprintf(`sglang_watchdog_force_fails_total{result="%s",role="prefill",trigger="auto"} 0`, r)
@@ -147,13 +148,21 @@ type answerShape struct {
 }
 
 // exactFields are compared by value; the rest by JSON type only, as they
-// depend on time, pid or version.
+// depend on time, pid or version. An empty list is always compared by value
+// ("levers": [] and "orphaned_transfers": [] say something).
 var exactFields = map[string]bool{
 	"result": true, "rid": true, "bootstrap_room": true, "lever": true,
-	"api_version": true, "bootstrap_addr": true, "poll": true, "prompt_tokens": true,
+	"api_version": true, "bootstrap_addr": true, "poll": true, "prompt_tokens": true, "progress": true,
 	"send_failed": true, "health_check": true, "dp_rank": true, "pp_rank": true, "tp_rank": true,
 	"disaggregation_mode": true, "transfer_backend": true, "bootstrap": true, "waiting": true, "inflight": true,
+	// Round 2.
+	"levers": true, "lever_note": true, "pp_size": true, "transfer_queues": true,
+	"transfer_in_flight": true, "transfer_queue": true, "outstanding_chunks": true,
 }
+
+// movingProgress is the one room whose progress advances with time in both
+// parity scenes; its progress is compared by type.
+const movingProgress = "healthy-0002"
 
 // floatFields are seconds; either side may happen to write a whole number.
 var floatFields = map[string]bool{"age_seconds": true, "now_unix": true, "last_iteration_unix": true, "applied_unix": true}
@@ -198,11 +207,18 @@ func shape(status int, body []byte) answerShape {
 				walk(prefix+"."+k, e)
 			}
 		case []interface{}:
+			if len(x) == 0 {
+				a.Fields[prefix], a.Values[prefix] = "array", "[]"
+			}
 			for i, e := range x {
 				walk(fmt.Sprintf("%s[%d]", prefix, i), e)
 			}
 		default:
-			leaf := prefix[strings.LastIndexAny(prefix, ".]")+1:]
+			leaf := prefix
+			for strings.HasSuffix(leaf, "]") {
+				leaf = leaf[:strings.LastIndex(leaf, "[")]
+			}
+			leaf = leaf[strings.LastIndex(leaf, ".")+1:]
 			a.Fields[prefix] = jsonType(x)
 			if floatFields[leaf] && a.Fields[prefix] == "integer" {
 				// Go writes a whole float64 without a decimal point.
@@ -214,10 +230,23 @@ func shape(status int, body []byte) answerShape {
 		}
 	}
 	walk("", v)
-	// progress is exact except for the request whose transfer advances.
-	for k, f := range a.Fields {
-		if strings.HasSuffix(k, ".progress") && f == "integer" {
-			a.Values[k] = "integer"
+	for k, rid := range a.Values {
+		if rid == movingProgress && strings.HasSuffix(k, ".rid") {
+			progress := strings.TrimSuffix(k, ".rid") + ".progress"
+			a.Values[progress] = a.Fields[progress]
+		}
+	}
+	// lever_note, by the contract: "Empty when every lever works", and an
+	// absent note (Go's pluginapi omits an empty one) says the same, so an
+	// empty note and none compare equal. This is the only field where absent
+	// and a zero value are equivalent. A non-empty note is one sentence for
+	// people, like error: both sides must have one, in their own words.
+	if note, ok := a.Values[".server.lever_note"]; ok {
+		if note == "" {
+			delete(a.Values, ".server.lever_note")
+			delete(a.Fields, ".server.lever_note")
+		} else {
+			a.Values[".server.lever_note"] = "a sentence"
 		}
 	}
 	return a
@@ -244,8 +273,14 @@ func do(t *testing.T, base string, e exchange) answerShape {
 // TestGoSimulatorAndPythonPluginAnswerAlike sends the same requests to the
 // simulator's and the real plugin's parity scene, and requires the same
 // status codes, the same fields with the same JSON types, and the same
-// values wherever they do not depend on time or process. The two cannot
-// drift apart from the contract without this test failing.
+// values wherever they do not depend on time or process (exactFields; the
+// round 2 fields included). The two cannot drift apart from the contract
+// without this test failing. Rules where equal values may look different:
+// an empty lever_note and none are the same (see shape), a non-empty one is
+// a sentence in each side's words, as error is; healthy-0002's progress
+// moves with time. A Success room (409 transfer_succeeded) is not compared:
+// SGLang's next pass releases a room whose status is Success, so neither
+// scene can hold one still for an order to find.
 func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
 	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
@@ -277,14 +312,12 @@ func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
 				ff("dry run", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"dry_run":true,"future_field":1}`),
 				ff("dry run, 64-bit room", `{"rid":"healthy-0002","bootstrap_room":18446744073709551557,"dry_run":true}`),
 				ff("dry run, health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0,"dry_run":true}`),
+				ff("health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0}`),
+				ff("dry run, warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","dry_run":true}`),
+				ff("warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","bootstrap_room":0}`),
 				ff("flip", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"reason":"parity"}`),
 			}
-			for _, e := range exchanges {
-				py, gs := do(t, pyURL, e), do(t, goURLs[0], e)
-				if !reflect.DeepEqual(py, gs) {
-					t.Errorf("%s: the Python plugin and the simulator differ\n python:    %s\n simulator: %s", e.name, dump(py), dump(gs))
-				}
-			}
+			compare(t, pyURL, goURLs[0], exchanges)
 			// After the flip, the next pass releases the request in both.
 			gone := ff("after release", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001}`)
 			waitFor(t, "both to release the pinned request", 10*time.Second, func() bool {
@@ -293,6 +326,57 @@ func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
 			py, gs := do(t, pyURL, gone), do(t, goURLs[0], gone)
 			if !reflect.DeepEqual(py, gs) {
 				t.Errorf("after release: differ\n python:    %s\n simulator: %s", dump(py), dump(gs))
+			}
+		})
+	}
+}
+
+// compare sends each exchange to both and requires the same answer shape.
+func compare(t *testing.T, pyURL, goURL string, exchanges []exchange) {
+	t.Helper()
+	for _, e := range exchanges {
+		py, gs := do(t, pyURL, e), do(t, goURL, e)
+		if !reflect.DeepEqual(py, gs) {
+			t.Errorf("%s: the Python plugin and the simulator differ\n python:    %s\n simulator: %s", e.name, dump(py), dump(gs))
+		}
+	}
+}
+
+// TestGoSimulatorAndPythonPluginAnswerAlikeOnOlderEras compares the parity
+// scene on the SGLang releases where no lever works (facts §10.2): mid-2025
+// NIXL, and the earliest scheduler whose Failed branch raises. Both must list
+// no lever with a note, refuse every force-fail with 501 (dry runs too) but a
+// health check or warm-up with 409, and change nothing.
+func TestGoSimulatorAndPythonPluginAnswerAlikeOnOlderEras(t *testing.T) {
+	for _, c := range []struct{ era, lever, backend string }{
+		{"mid2025", sglangsim.LeversNIXLMid2025, sglangsim.BackendNIXL},
+		{"early", sglangsim.LeversEarly, sglangsim.BackendNIXL},
+		{"early", sglangsim.LeversEarly, sglangsim.BackendMooncake},
+	} {
+		t.Run(c.era+"/"+c.backend, func(t *testing.T) {
+			pyURL, _ := startStandin(t, c.backend, tokenFile(t, parityToken), "--era", c.era)
+			_, _, goURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Backend: c.backend, LeverEra: c.lever,
+				Token: parityToken, Scenario: sglangsim.ScenarioParity})
+			ff := func(name, body string) exchange {
+				return exchange{name: name, method: http.MethodPost, path: pluginapi.PathForceFail, auth: "Bearer " + parityToken, body: body}
+			}
+			listing := exchange{name: "listing", method: http.MethodGet, path: pluginapi.PathInflight}
+			compare(t, pyURL, goURLs[0], []exchange{
+				listing,
+				ff("no token", `{"rid":"pinned-0001"}`),
+				ff("bad body", `{"rid":""}`),
+				ff("dry run", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001,"dry_run":true}`),
+				ff("flip", `{"rid":"pinned-0001","bootstrap_room":9223372036854775001}`),
+				ff("unknown rid", `{"rid":"nobody"}`),
+				ff("health check", `{"rid":"HEALTH_CHECK_1764403200.0","bootstrap_room":0}`),
+				ff("dry run, warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","dry_run":true}`),
+			})
+			py, gs := do(t, pyURL, listing), do(t, goURLs[0], listing)
+			if py.Values[".queues.inflight"] != json.Number("4") || !reflect.DeepEqual(py.Values, gs.Values) {
+				t.Errorf("after the refused orders:\n python:    %s\n simulator: %s", dump(py), dump(gs))
+			}
+			if py.Values[".server.lever_note"] != "a sentence" {
+				t.Errorf("no lever_note with no lever: %s", dump(py))
 			}
 		})
 	}
@@ -316,4 +400,49 @@ func dump(a answerShape) string {
 		}
 	}
 	return b.String()
+}
+
+// TestGoSimulatorAndPythonPluginAnswerAlikeOnTwoPPStages compares the
+// parity scene on two PP stages of one DP rank: both stages list the same
+// requests, a flip on one stage answers flipped and releases nothing (that
+// stage polls Failed, the other Transferring), and the flip on the other
+// stage releases the request from both.
+func TestGoSimulatorAndPythonPluginAnswerAlikeOnTwoPPStages(t *testing.T) {
+	py0, _ := startStandin(t, sglangsim.BackendNIXL, tokenFile(t, parityToken), "--pp-size", "2")
+	pyURLs := []string{py0, nextStage(t, py0)}
+	_, _, goURLs := simServer(t, sglangsim.Options{Clock: clock.Real{}, Backend: sglangsim.BackendNIXL, PPSize: 2,
+		Token: parityToken, Scenario: sglangsim.ScenarioParity})
+	listing := exchange{name: "listing", method: http.MethodGet, path: pluginapi.PathInflight}
+	flip := exchange{name: "flip", method: http.MethodPost, path: pluginapi.PathForceFail, auth: "Bearer " + parityToken,
+		body: `{"rid":"pinned-0001","bootstrap_room":9223372036854775001}`}
+	for stage := range pyURLs {
+		compare(t, pyURLs[stage], goURLs[stage], []exchange{listing})
+	}
+	compare(t, pyURLs[0], goURLs[0], []exchange{flip})
+	// Both sides' loops take their next pass; stage 0 then polls Failed.
+	waitFor(t, "stage 0 polling Failed on both sides", 10*time.Second, func() bool {
+		return do(t, pyURLs[0], listing).Values[".inflight[0].poll"] == "Failed" &&
+			do(t, goURLs[0], listing).Values[".inflight[0].poll"] == "Failed"
+	})
+	time.Sleep(100 * time.Millisecond) // more passes: still no release
+	for stage := range pyURLs {
+		compare(t, pyURLs[stage], goURLs[stage], []exchange{listing})
+		if n := do(t, pyURLs[stage], listing).Values[".queues.inflight"]; n != json.Number("4") {
+			t.Fatalf("stage %d released after one flip: %v rooms", stage, n)
+		}
+	}
+	compare(t, pyURLs[1], goURLs[1], []exchange{flip})
+	gone := exchange{name: "after release", method: http.MethodPost, path: pluginapi.PathForceFail, auth: "Bearer " + parityToken,
+		body: `{"rid":"pinned-0001","dry_run":true}`}
+	waitFor(t, "both sides to release the request from both stages", 10*time.Second, func() bool {
+		for stage := range pyURLs {
+			if do(t, pyURLs[stage], gone).Status != http.StatusNotFound || do(t, goURLs[stage], gone).Status != http.StatusNotFound {
+				return false
+			}
+		}
+		return true
+	})
+	for stage := range pyURLs {
+		compare(t, pyURLs[stage], goURLs[stage], []exchange{listing, gone})
+	}
 }

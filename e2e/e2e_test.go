@@ -348,8 +348,9 @@ func TestInflightAndForceFailCommands(t *testing.T) {
 		t.Fatalf("inflight exit %d: %s", code, errb)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 6 || !strings.Contains(lines[0], "KIND") || !strings.Contains(lines[1], "pinned-0001") || !strings.Contains(lines[2], "healthy-0002") ||
-		!strings.Contains(lines[3], "HEALTH_CHECK_") || !strings.Contains(lines[5], "never force-failed") {
+	if len(lines) != 7 || !strings.Contains(lines[0], "KIND") || !strings.Contains(lines[1], "pinned-0001") || !strings.Contains(lines[2], "healthy-0002") ||
+		!strings.Contains(lines[3], "HEALTH_CHECK_") || !strings.Contains(lines[4], sglangsim.ParityWarmupRID+" ") ||
+		!strings.Contains(lines[4], "HEALTH_CHECK ") || !strings.Contains(lines[6], "never force-failed") {
 		t.Fatalf("inflight table not sorted oldest first with the health check last and marked:\n%s", out)
 	}
 	if code, out, _ := runBinary(t, "inflight", "--plugin.url="+pluginURLs[0], "--output=json"); code != 0 || !strings.Contains(out, "18446744073709551557") {

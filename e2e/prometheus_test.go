@@ -18,17 +18,9 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/alerts"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/dashboards"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/prombin"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 )
-
-func requireBinary(t *testing.T, name, pkg string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		t.Fatalf("%s not found: install the Debian package %s (scripts/deps.sh does)", name, pkg)
-	}
-	return p
-}
 
 // startProcess runs a real server binary until the test ends, and stops it
 // by its PID.
@@ -96,42 +88,66 @@ type promResult struct {
 	Status string `json:"status"`
 	Error  string `json:"error"`
 	Data   struct {
-		Result []json.RawMessage `json:"result"`
+		Result []struct {
+			Metric map[string]string `json:"metric"`
+		} `json:"result"`
 	} `json:"data"`
 }
 
-func promQuery(promURL, expr string) (int, error) {
+// promSeries runs an instant query and returns the label sets of its result.
+func promSeries(promURL, expr string) ([]map[string]string, error) {
 	resp, err := http.Get(promURL + "/api/v1/query?query=" + url.QueryEscape(expr))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	var r promResult
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		return 0, err
+		return nil, err
 	}
 	if r.Status != "success" {
-		return 0, fmt.Errorf("%s", r.Error)
+		return nil, fmt.Errorf("%s", r.Error)
 	}
-	return len(r.Data.Result), nil
+	out := make([]map[string]string, len(r.Data.Result))
+	for i, s := range r.Data.Result {
+		out[i] = s.Metric
+	}
+	return out, nil
 }
 
 // TestPrometheusAlertmanagerEndToEnd proves the alerts, the dashboard and
 // the shipped Alertmanager route (deploy/alertmanager/webhook-route.yml)
-// against the real Debian Prometheus and Alertmanager: a pinned request in
-// the simulator, the watchdog binary in dry-run mode with its webhook on,
-// Prometheus scraping both every second with the rules loaded (the target
-// labelled with pod and namespace, as a PodMonitor does), Alertmanager
-// delivering to a sink here and, through the shipped route with its bearer
-// token, to the watchdog. The stuck-request alert arrives with the rank's
-// labels, the watchdog force-fails the pin under trigger "alert" while in
-// dry-run mode, the alert resolves, and every dashboard query returns data.
+// against real servers: Debian's Prometheus 2.x and Alertmanager 0.25, and
+// the Prometheus 3.x and current Alertmanager that scripts/deps.sh builds
+// (internal/prombin), one subtest each, run side by side. In each: a pinned
+// request in the simulator, the watchdog binary in dry-run mode with its
+// webhook on, Prometheus scraping both every second with the rules loaded
+// (the target labelled with pod and namespace, as a PodMonitor does),
+// Alertmanager delivering to a sink here and, through the shipped route with
+// its bearer token, to the watchdog. The stuck-request alert arrives with
+// the rank's labels, the watchdog force-fails the pin under trigger "alert"
+// while in dry-run mode, the alert resolves, the force-fail annotation has
+// the release as an event, and every dashboard query and annotation whose
+// needs the scenario meets returns data.
 func TestPrometheusAlertmanagerEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts Prometheus and Alertmanager; about 90 s")
+		t.Skip("starts Prometheus and Alertmanager twice; about 90 s")
 	}
-	prometheus := requireBinary(t, "prometheus", "prometheus")
-	alertmanager := requireBinary(t, "prometheus-alertmanager", "prometheus-alertmanager")
+	stacks, err := prombin.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stacks {
+		t.Run(s.Name, func(t *testing.T) {
+			// Both pairs mostly wait for the alert's `for`: side by side
+			// they take the time of one.
+			t.Parallel()
+			prometheusAlertmanagerEndToEnd(t, s.Prometheus, s.Alertmanager)
+		})
+	}
+}
+
+func prometheusAlertmanagerEndToEnd(t *testing.T, prometheus, alertmanager string) {
 	ruleFiles, err := alerts.RuleFiles()
 	if err != nil {
 		t.Fatal(err)
@@ -245,9 +261,36 @@ scrape_configs:
 			t.Errorf("/metrics lacks %s", line)
 		}
 	}
+	// The force-fail annotation marks the release with its result and trigger.
+	anno := annotation(t, "Force-fails")
+	waitFor(t, "the release in the force-fail annotation", 30*time.Second, func() bool {
+		events, err := promSeries(promURL, dashboards.Expand(anno.Expr, dashboards.AllVars()))
+		if err != nil {
+			return false
+		}
+		for _, e := range events {
+			if e["result"] == "released" && e["trigger"] == "alert" {
+				return true
+			}
+		}
+		return false
+	})
 	have := dashboards.NeedsSGLangScrape | dashboards.NeedsPlugin | dashboards.NeedsHistogramEra |
-		dashboards.NeedsInflightTraffic | dashboards.NeedsKVTransfer | dashboards.NeedsTransferFailure
+		dashboards.NeedsInflightTraffic | dashboards.NeedsKVTransfer | dashboards.NeedsTransferFailure |
+		dashboards.NeedsForceFail | dashboards.NeedsWebhook
 	checkDashboard(t, promURL, have)
+}
+
+// annotation returns the dashboard's annotation query named name.
+func annotation(t *testing.T, name string) dashboards.Query {
+	t.Helper()
+	for _, a := range dashboards.Annotations() {
+		if a.Panel == name {
+			return a
+		}
+	}
+	t.Fatalf("the dashboard has no annotation %q", name)
+	return dashboards.Query{}
 }
 
 // shippedRoute reads the Alertmanager route example and makes the given
@@ -268,23 +311,21 @@ func shippedRoute(t *testing.T, replace map[string]string) string {
 	return cfg
 }
 
-// checkDashboard runs every dashboard query whose needs the scenario meets
-// and requires data.
+// checkDashboard runs every dashboard query and annotation query whose needs
+// the scenario meets and requires data.
 func checkDashboard(t *testing.T, promURL string, have dashboards.Needs) {
 	t.Helper()
 	vars := dashboards.AllVars()
 	checked := 0
-	for _, q := range dashboards.Queries() {
+	for _, q := range append(dashboards.Queries(), dashboards.Annotations()...) {
 		if !q.Needs.SatisfiedBy(have) {
 			continue
 		}
 		expr := dashboards.Expand(q.Expr, vars)
-		var n int
-		var err error
 		// Rates need a few samples; give each query a little time.
 		waitFor(t, fmt.Sprintf("data for %q / %s: %s", q.Panel, q.RefID, expr), 30*time.Second, func() bool {
-			n, err = promQuery(promURL, expr)
-			return err == nil && n > 0
+			series, err := promSeries(promURL, expr)
+			return err == nil && len(series) > 0
 		})
 		checked++
 	}

@@ -1,9 +1,11 @@
-// Package sglangsim is a model of an SGLang prefill server in prefill/decode
-// (PD) disaggregated serving, faithful enough to drive the watchdog in the
-// demo, in end-to-end tests and in benchmarks. It serves SGLang's /metrics
-// (prometheus_client multiprocess text output, per label era) and the
-// watchdog plugin's HTTP API (docs/plugin-api.md, including its "Project
-// clarifications" and "Round 2 additions") for every (dp, pp) rank. It is
+// Package sglangsim is a model of an SGLang prefill server and the decode
+// server it feeds in prefill/decode (PD) disaggregated serving, faithful
+// enough to drive the watchdog in the demo, in end-to-end tests and in
+// benchmarks. It serves SGLang's /metrics (prometheus_client multiprocess
+// text output, per label era) and the watchdog plugin's HTTP API
+// (docs/plugin-api.md, including its "Project clarifications", "Round 2
+// additions" and "Round 3 additions") for every prefill (dp, pp) rank and
+// every decode rank. It is
 // meant to be as unforgiving as SGLang: a watchdog that passes only because
 // the simulator is kind is wrong. References like "facts §1.6" point into
 // the project's SGLang fact sheet (sglang-facts.md; §10 is the newest
@@ -17,7 +19,8 @@
 //   - Start(ctx) runs one goroutine per rank that makes a scheduler pass every
 //     millisecond of wall time, each pass reading Clock.Now(). This is the
 //     live mode of the demo and of end-to-end tests.
-//   - Step() makes one synchronous pass of every rank at Clock.Now(). A replay
+//   - Step() makes one synchronous pass of every rank at Clock.Now(), prefill
+//     ranks first, then decode ranks. A replay
 //     harness advances a clock.Fake and calls Step (a pass per 100 ms of
 //     simulated time is plenty); 100k requests replay in a few seconds.
 //
@@ -65,9 +68,9 @@
 // batch takes the whole waiting queue up to 64k tokens; only the
 // attention-TP leader (tp_rank 0) is modelled; a transfer worker serves the
 // rooms it has picked up side by side (the serial queue shows only in the
-// wedge below); a decode endpoint has one port; decode's ABORT to prefill
-// after its waiting timeout (newer NIXL) is not modelled, so a pin stays
-// until a lever or a restart.
+// wedge below); a decode endpoint has one port; what prefill does with
+// decode's ABORT frame beyond acknowledging it (Decode, below) is not
+// modelled, so a pin stays on prefill until a lever or a restart.
 //
 // # Gauge refresh (facts §1.6, §7.1)
 //
@@ -148,14 +151,18 @@
 // chunk is outstanding stays in the listing's orphaned_transfers until the
 // chunk settles (a healthy chunk: the end of the chunk in flight; a stuck
 // handle: never, until a restart). A room whose queued chunks the worker had
-// not taken yet leaves no orphan. NIXL reports transfer_queue,
-// transfer_in_flight and orphaned_transfers; Mooncake exposes none of them
-// (transfer_queue and server.transfer_queues null, transfer_in_flight false,
-// orphaned_transfers empty), although its workers wedge the same way.
+// not taken yet leaves no orphan. The newest NIXL and Mooncake managers
+// both report transfer_queue (Mooncake keys its queues by the sum of the
+// destination session ports: one port per simulated endpoint, so the same
+// queue as NIXL), transfer_in_flight and orphaned_transfers (the common
+// manager's _staging_outstanding); mid-2025 NIXL transfers synchronously and
+// reports none of them (transfer_queue and server.transfer_queues null,
+// transfer_in_flight false, orphaned_transfers empty).
 //
 // # Restarts and crashes
 //
-// Restart, POST /admin/restart (202) and a crash restart the whole server,
+// Restart, POST /admin/restart (202) and a crash restart the whole prefill
+// server (the decode server is another pod: RestartDecode),
 // every DP and PP rank at once, as SGLang's launcher tears the server down
 // on SIGQUIT: every request held is lost (Outcome "restarted"; the client
 // got an error), and for Options.BootTime (default 30 s of clock time) the
@@ -165,27 +172,113 @@
 // orphaned transfer; arrivals resume. POST /admin/restart follows the
 // contract: 401 without a configured or a valid token, 403 unless
 // Options.AllowRestart, 400 for a bad body, 409 pid_mismatch, 200
-// would_restart for a dry run.
+// would_restart for a dry run. A prefill process that dies ends its
+// transfers: decode's heartbeat then fails its rooms (Decode, below).
 //
-// # Decode (facts §3.7, §10.4)
+// # Decode (facts §3.7, §10.4, §10.4a)
 //
-// The simulator is prefill-side, but Record.DecodeReleased tells when decode
-// frees the request's slot and KV pages: shortly after Success; when prefill
-// failed the request (a lever or its own failure) nothing tells decode, so
-// it holds the request until DecodeWaitingTimeout (300 s) after it started
-// waiting (when the bootstrap handshake ended); after a prefill restart or
-// crash, decode's heartbeat (5 s, 2 failures) fails the rooms within
-// HeartbeatDetection. Not modelled: Mooncake decode never times out a room
-// whose transfer started (upstream PR #31800), and deferred release may hold
-// pages 30 s more.
+// The decode server is a separate pod: Options.DecodeDPSize scheduler
+// processes (decode ranks, PP 1, attention-TP leader only), its own pids,
+// loop counters, /metrics (DecodeMetricsHandler) and plugin listeners
+// (DecodePluginHandler; ListenDecode serves them all). Decode endpoint
+// Options.DecodePorts[i] belongs to decode rank i % DecodeDPSize. Every
+// normal request that arrives at prefill (Submit, Inject, traffic) arrives
+// at its endpoint's decode rank at the same moment (the router sends it to
+// both); prefill's health checks and warm-ups stay on prefill. Decode's own
+// health checks (HealthCheckEvery, round-robin over the decode ranks) and
+// SubmitDecodeHealthCheck use the fake receiver: room 0, host 2.2.2.2,
+// rid HEALTH_CHECK_<time> (a warm-up: a plain rid); they pass through
+// both queues (a pass in each) and succeed, or with stuck never leave the
+// transfer queue, and have no Record.
+//
+// A decode request waits in the prealloc queue (receiver Bootstrapping)
+// until prefill's handshake is done; then, in one pass, it gets its KV
+// pages, sends its metadata (init_time = the handshake's end) and moves to
+// the transfer queue. There it reads what the prefill side's senders did:
+// progress is the chunks written (summed over prefill's PP stages,
+// chunks_expected = chunks per stage x stages), transfer_started once a
+// chunk was posted. The receiver's poll is a latched Failed (abort), Success
+// once every chunk of every stage arrived, else WaitingForInput, except on
+// Mooncake once the transfer started: Transferring. The waiting timeout
+// (DecodeWaitingTimeout, 300 s from init_time) fails WaitingForInput rooms,
+// so newest NIXL times out a started incomplete transfer too, and Mooncake
+// never times out a Transferring room (upstream PR #31800). On Success the
+// request leaves the queues, decodes for 20 ms and frees its pages.
+//
+// Nothing on a prefill release tells decode: neither the flip nor the Failed
+// branch sends KV_STATUS, and a transfer that fails by itself is treated the
+// same way (newest NIXL's KV_STATUS after a worker error is not modelled).
+// Decode learns of a dead prefill through its heartbeat: HeartbeatDetection
+// (5 s x 2 failures) after a prefill restart or crash it fails every room of
+// that prefill, in both queues.
+//
+// A failure in the prealloc queue counts num_bootstrap_failed_reqs_total and
+// frees nothing (no pages yet); in the transfer queue it counts
+// num_transfer_failed_reqs_total and the client gets a 500. The waiting
+// timeout sends ABORT to prefill (LeversNewest); so does the lever. With
+// deferred release on (LeversNewest, unless Options.NoDeferredRelease) and
+// ABORT sent, the pages and metadata slot are held until prefill's
+// ABORT_ACK, which means "this room's transfer has drained": an alive
+// prefill process with no chunk of the room outstanding on any stage acks
+// at once; one with a healthy chunk in flight acks when it settles; a wedged
+// handle or a dead prefill never acks, and after DeferredReleaseTimeout
+// (30 s) the pages are freed anyway. The heartbeat's failure sends no ABORT
+// and frees at once (a dead prefill writes no more).
+//
+// The lever (decode force-fail, round 3): 409 health_check, 409
+// transfer_succeeded (every chunk arrived), 409 transfer_live (the request
+// is in the transfer queue, its transfer started and it is not failed, and
+// prefill_stopped was not asserted), already_failed, would_flip, else
+// kv_receiver.abort(): Failed latched, ABORT sent, and in the transfer
+// queue with deferred release on the room registered as a deferred abort
+// (levers ["abort", "deferred_abort"]; ["abort"] in the prealloc queue or
+// without deferred release). The next pass fails the request as above. 501
+// unsupported in LeversNIXLMid2025 and LeversEarly (no lever; the model
+// there keeps the timeout and the heartbeat, sends no ABORT and has no
+// deferred release: server.deferred_release is null). Orders are queued,
+// applied inline and withdrawn after OrderTimeout as on prefill; a paused
+// decode loop (PauseDecodeLoop) answers 503. RestartDecode and POST
+// /admin/restart on a decode listener restart the decode server: its
+// requests are lost (DecodeEnd "restarted"), it refuses connections and
+// makes no passes for BootTime, and requests that arrive meanwhile are
+// seen when it is back.
+//
+// Pages and corruption. Each decode request owns one page slot; a freed
+// slot goes to the next request that preallocates (the most recently freed
+// first: the worst case of SGLang's allocator). Freeing a request's pages
+// while prefill still has a chunk of its room outstanding (a posted chunk
+// not settled, on a living prefill) is a corruption hazard: the record gets
+// UnsafeFree, DecodeForceFail when a force-fail freed them, DecodeTimeout
+// when SGLang's own waiting timeout did (real SGLang does that to the head
+// room of a wedged NIXL worker after 300 s + 30 s). The late write then
+// lands: a chunk that settles writes into the slot's owner at that time (a
+// free slot is harmless), and a wedged handle's write, which can land at
+// any time, lands as soon as the slot has a new owner. The owner's record
+// gets CorruptedBy, and Corruptions lists each landing. A prefill restart
+// ends the writes. So the pins leave decode as follows: ABORT-before-register
+// and the rooms queued behind a wedged worker have not started (safe to
+// release, no prefill_stopped needed); the resurrection pin started and has
+// every chunk settled (safe, but prefill_stopped must be asserted); the
+// stuck handle has a chunk outstanding for ever (unsafe until prefill
+// restarts).
+//
+// Record.DecodeAdmitted (when decode first saw the request: event times,
+// not the harness's pass times), DecodeReleased (when its pages were
+// freed) and DecodeEnd give the decode slot hold time, e.g. 300 s for a
+// request prefill failed on stock SGLang, against an early decode release.
+// Decode's gauges are written when a decode batch runs (a request is
+// decoding) or by the idle refresh (IdleRefresh); the counters at once.
+// Decode never runs out of pages (no admission back-pressure on prefill).
+// The parity scene's requests have no decode side.
 //
 // # Force-fail orders (docs/plugin-api.md, Project clarifications, Round 2)
 //
-// 401 and 400 are decided at once, then 503 while the server boots and 501
-// unsupported when the lever era has no lever; 404, 409 room_mismatch and
-// 409 health_check (fake host, room 0 or a HEALTH_CHECK rid: health checks
-// and warm-ups, dry runs too) at once against the rank's latest
-// observation (the inflight queue as of the last pass). Otherwise the
+// 401 and 400 are decided at once, then 503 while the server boots; 404,
+// 409 room_mismatch and 409 health_check (fake host, room 0 or a
+// HEALTH_CHECK rid: health checks and warm-ups, dry runs too) at once
+// against the rank's latest observation (the inflight queue as of the last
+// pass), then 501 unsupported when the lever era has no lever (so a health
+// check answers 409 even there, as the plugin does). Otherwise the
 // order is queued. With Start running, the rank's goroutine picks it up at
 // the start of its next inflight pass (before polling, so a flipped request
 // is released in that same pass); if it has not within OrderTimeout (real
@@ -239,8 +332,13 @@
 //
 // Records returns one Record per request (kind, rank, times, outcome, and
 // whether a force-fail hit a request that would have completed by itself,
-// and when decode freed it), so tests can assert that a watchdog never
-// force-failed a progressing request and benchmarks can report decode slot
-// hold times. SetScenario("parity") sets up the fixed scene that the Python
-// stand-in reproduces for the cross-language test.
+// and on decode when it was admitted and freed, how it left, whether its
+// pages were freed under a live transfer and whether another request's late
+// write corrupted it), so tests can assert that a watchdog never
+// force-failed a progressing request nor freed pages under a live transfer
+// (no Record.UnsafeFree and no Corruption with cause DecodeForceFail; SGLang's
+// own timeout may cause some on a wedged worker), and
+// benchmarks can report decode slot hold times. SetScenario("parity") sets
+// up the fixed scene that the Python stand-in reproduces for the
+// cross-language test.
 package sglangsim

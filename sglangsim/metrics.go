@@ -277,28 +277,11 @@ func (s *Sim) MetricsText() []byte {
 				merged.kv[j].add(&m.kv[j])
 			}
 		}
-		base := []lbl{{"model_name", model}}
-		switch era {
-		case EraName:
-			base = []lbl{{"name", model}}
-		case EraEngineType:
-			base = []lbl{{"engine_type", "unified"}, {"model_name", model}}
-		}
-		sched = []series{{base: base, pid: pids[0], m: &merged}}
+		sched = []series{{base: schedLabels(era, model, "", 0, 0, false), pid: pids[0], m: &merged}}
 	default:
 		for i, r := range s.ranks {
-			var base []lbl
-			if era == EraNewest {
-				base = []lbl{{"dp_rank", strconv.Itoa(r.dp)}, {"engine_type", "prefill"}, {"model_name", model},
-					{"moe_ep_rank", "0"}, {"pp_rank", strconv.Itoa(r.pp)}, {"tp_rank", "0"}}
-			} else {
-				if s.opts.DPSize > 1 {
-					base = append(base, lbl{"dp_rank", strconv.Itoa(r.dp)})
-				}
-				base = append(base, lbl{"engine_type", "unified"}, lbl{"model_name", model},
-					lbl{"pp_rank", strconv.Itoa(r.pp)}, lbl{"tp_rank", "0"})
-			}
-			sched = append(sched, series{base: base, pid: pids[i], m: &snaps[i]})
+			sched = append(sched, series{base: schedLabels(era, model, "prefill", r.dp, r.pp, s.opts.DPSize > 1),
+				pid: pids[i], m: &snaps[i]})
 		}
 	}
 
@@ -394,6 +377,30 @@ func (s *Sim) MetricsText() []byte {
 }
 
 var lastMetricsSize atomic.Int64
+
+// schedLabels are the labels of one scheduler process's series in an era
+// (facts §1.2): none but the model in the oldest eras (where the ranks are
+// merged), engine_type="unified" from ~v0.4.9, rank labels from v0.5, and
+// the disaggregation mode as engine_type in the newest.
+func schedLabels(era, model, mode string, dp, pp int, multiDP bool) []lbl {
+	switch era {
+	case EraName:
+		return []lbl{{"name", model}}
+	case EraModelName:
+		return []lbl{{"model_name", model}}
+	case EraEngineType:
+		return []lbl{{"engine_type", "unified"}, {"model_name", model}}
+	case EraNewest:
+		return []lbl{{"dp_rank", strconv.Itoa(dp)}, {"engine_type", mode}, {"model_name", model},
+			{"moe_ep_rank", "0"}, {"pp_rank", strconv.Itoa(pp)}, {"tp_rank", "0"}}
+	}
+	var base []lbl
+	if multiDP {
+		base = append(base, lbl{"dp_rank", strconv.Itoa(dp)})
+	}
+	return append(base, lbl{"engine_type", "unified"}, lbl{"model_name", model},
+		lbl{"pp_rank", strconv.Itoa(pp)}, lbl{"tp_rank", "0"})
+}
 
 // expWriter writes prometheus_client's text format (version 0.0.4).
 type expWriter struct {

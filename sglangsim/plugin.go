@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
@@ -67,10 +68,6 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 		return 503, pluginapi.ForceFailResponse{Result: pluginapi.ResultSchedulerUnresponsive, RID: req.RID,
 			Error: "the server is restarting"}
 	}
-	if levers, note := s.levers(); len(levers) == 0 {
-		return 501, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnsupported, RID: req.RID,
-			Error: "no lever releases a request on this SGLang: " + note}
-	}
 	r := s.ranks[rank]
 	r.mu.Lock()
 	// Clarification 2 and round 2: answer at once from the latest observation.
@@ -85,7 +82,14 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	}
 	if q.healthCheck() {
 		r.mu.Unlock()
-		return healthCheck(q)
+		return healthCheckAnswer(q.rid, q.room)
+	}
+	// After the lookup, as the plugin decides: a health check answers 409
+	// health_check even where no lever works.
+	if levers, note := s.levers(); len(levers) == 0 {
+		r.mu.Unlock()
+		return 501, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnsupported, RID: req.RID,
+			Error: "no lever releases a request on this SGLang: " + note}
 	}
 	if !r.running && !r.paused {
 		// Step-driven: apply inline, as the next pass would.
@@ -96,7 +100,13 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	o := &order{req: req, done: make(chan orderResult, 1)}
 	r.pending = append(r.pending, o)
 	r.mu.Unlock()
+	return s.await(ctx, o, r.mu, &r.pending)
+}
 
+// await waits for the scheduler to answer a queued order, or withdraws it
+// after OrderTimeout (clarification 4).
+func (s *Sim) await(ctx context.Context, o *order, mu *sync.Mutex, pending *[]*order) (int, pluginapi.ForceFailResponse) {
+	req := o.req
 	timer := time.NewTimer(s.opts.OrderTimeout)
 	defer timer.Stop()
 	select {
@@ -105,21 +115,21 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	case <-timer.C:
 	case <-ctx.Done():
 	}
-	r.mu.Lock()
+	mu.Lock()
 	if o.state == orderPending {
 		o.state = orderWithdrawn
-		for i, p := range r.pending {
+		for i, p := range *pending {
 			if p == o {
-				r.pending = append(r.pending[:i], r.pending[i+1:]...)
+				*pending = append((*pending)[:i], (*pending)[i+1:]...)
 				break
 			}
 		}
-		r.mu.Unlock()
+		mu.Unlock()
 		return 503, pluginapi.ForceFailResponse{Result: pluginapi.ResultSchedulerUnresponsive, RID: req.RID,
 			Error: "the scheduler loop did not pick the order up within " + s.opts.OrderTimeout.String() +
 				"; the order was withdrawn"}
 	}
-	r.mu.Unlock()
+	mu.Unlock()
 	// Claimed just in time: the result was sent under the lock.
 	res := <-o.done
 	return res.status, res.resp
@@ -143,6 +153,11 @@ func (s *Sim) decideRestart(rank int, req pluginapi.RestartRequest, authorizatio
 	r.mu.Lock()
 	pid := r.pid
 	r.mu.Unlock()
+	return s.restartAnswer(pid, req, authorization)
+}
+
+// restartAnswer decides a restart call for the process pid (round 2).
+func (s *Sim) restartAnswer(pid int, req pluginapi.RestartRequest, authorization string) (int, pluginapi.RestartResponse) {
 	switch {
 	case s.opts.Token == "" || !s.authorized(authorization):
 		return 401, pluginapi.RestartResponse{Result: pluginapi.ResultUnauthorized, PID: pid,
@@ -194,9 +209,11 @@ func ParseRestart(body []byte) (pluginapi.RestartRequest, string) {
 
 // whileUp refuses every request while the server boots: the connection is
 // closed without an answer, as a port nobody listens on would be.
-func (s *Sim) whileUp(h http.Handler) http.Handler {
+func (s *Sim) whileUp(h http.Handler) http.Handler { return refuseWhile(s.Booting, h) }
+
+func refuseWhile(down func() bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if s.Booting() {
+		if down() {
 			if hj, ok := w.(http.Hijacker); ok {
 				if conn, _, err := hj.Hijack(); err == nil {
 					_ = conn.Close()
@@ -216,6 +233,29 @@ func (s *Sim) whileUp(h http.Handler) http.Handler {
 // rank does not exist.
 func (s *Sim) PluginHandler(rank int) http.Handler {
 	s.rank(rank)
+	return s.pluginMux(pluginEndpoints{
+		listing: func() any { return s.Listing(rank) },
+		forceFail: func(ctx context.Context, ff pluginapi.ForceFailRequest, auth string) (int, pluginapi.ForceFailResponse) {
+			return s.ForceFail(ctx, rank, ff, auth)
+		},
+		decideRestart: func(rr pluginapi.RestartRequest, auth string) (int, pluginapi.RestartResponse) {
+			return s.decideRestart(rank, rr, auth)
+		},
+		restart: s.Restart,
+		down:    s.Booting,
+	})
+}
+
+// pluginEndpoints are what one plugin listener serves, on prefill or decode.
+type pluginEndpoints struct {
+	listing       func() any
+	forceFail     func(context.Context, pluginapi.ForceFailRequest, string) (int, pluginapi.ForceFailResponse)
+	decideRestart func(pluginapi.RestartRequest, string) (int, pluginapi.RestartResponse)
+	restart       func()
+	down          func() bool
+}
+
+func (s *Sim) pluginMux(e pluginEndpoints) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc(pluginapi.PathHealthz, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -227,7 +267,7 @@ func (s *Sim) PluginHandler(rank int) http.Handler {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
-		writeJSON(w, http.StatusOK, s.Listing(rank))
+		writeJSON(w, http.StatusOK, e.listing())
 	})
 	mux.HandleFunc(pluginapi.PathForceFail, func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != http.MethodPost {
@@ -258,7 +298,7 @@ func (s *Sim) PluginHandler(rank int) http.Handler {
 			writeJSON(w, st, resp)
 			return
 		}
-		st, resp := s.ForceFail(req.Context(), rank, ff, auth)
+		st, resp := e.forceFail(req.Context(), ff, auth)
 		writeJSON(w, st, resp)
 	})
 	mux.HandleFunc(pluginapi.PathRestart, func(w http.ResponseWriter, req *http.Request) {
@@ -278,7 +318,7 @@ func (s *Sim) PluginHandler(rank int) http.Handler {
 		default:
 			rr, msg = ParseRestart(body)
 		}
-		st, resp := s.decideRestart(rank, rr, req.Header.Get("Authorization"))
+		st, resp := e.decideRestart(rr, req.Header.Get("Authorization"))
 		if msg != "" && st != 401 && st != 403 {
 			st, resp = 400, pluginapi.RestartResponse{Result: pluginapi.ResultBadRequest, PID: resp.PID, Error: msg}
 		}
@@ -287,10 +327,10 @@ func (s *Sim) PluginHandler(rank int) http.Handler {
 			if f, ok := w.(http.Flusher); ok {
 				f.Flush()
 			}
-			s.Restart()
+			e.restart()
 		}
 	})
-	return s.whileUp(mux)
+	return refuseWhile(e.down, mux)
 }
 
 // ParseForceFail decodes a force-fail body under the rules of clarification
@@ -331,6 +371,13 @@ func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
 			return req, "dry_run must be a boolean"
 		}
 		req.DryRun = b
+	}
+	if raw, ok := obj["prefill_stopped"]; ok {
+		b, isBool := raw.(bool)
+		if !isBool {
+			return req, "prefill_stopped must be a boolean"
+		}
+		req.PrefillStopped = b
 	}
 	if reason, ok := obj["reason"].(string); ok {
 		req.Reason = reason
@@ -373,6 +420,31 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // chosen by the system until ctx ends. metricsURL ends in /metrics;
 // pluginURLs[i] is the base URL of rank i (append pluginapi.Path*).
 func (s *Sim) Listen(ctx context.Context) (metricsURL string, pluginURLs []string, err error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", s.MetricsHandler())
+	// The bootstrap server's /health, which decode's heartbeat reads.
+	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	plugins := make([]http.Handler, len(s.ranks))
+	for i := range s.ranks {
+		plugins[i] = s.PluginHandler(i)
+	}
+	return listen(ctx, s.whileUp(mux), plugins)
+}
+
+// ListenDecode serves the decode server, a separate pod: its /metrics and
+// every decode rank's plugin API, on 127.0.0.1 ports chosen by the system
+// until ctx ends. pluginURLs[i] is the base URL of decode rank i.
+func (s *Sim) ListenDecode(ctx context.Context) (metricsURL string, pluginURLs []string, err error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", s.DecodeMetricsHandler())
+	plugins := make([]http.Handler, len(s.dranks))
+	for i := range s.dranks {
+		plugins[i] = s.DecodePluginHandler(i)
+	}
+	return listen(ctx, refuseWhile(s.DecodeBooting, mux), plugins)
+}
+
+func listen(ctx context.Context, metrics http.Handler, plugins []http.Handler) (metricsURL string, pluginURLs []string, err error) {
 	var servers []*http.Server
 	serve := func(h http.Handler) (string, error) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -389,17 +461,13 @@ func (s *Sim) Listen(ctx context.Context) (metricsURL string, pluginURLs []strin
 			_ = srv.Close()
 		}
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", s.MetricsHandler())
-	// The bootstrap server's /health, which decode's heartbeat reads.
-	mux.HandleFunc("/health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	base, err := serve(s.whileUp(mux))
+	base, err := serve(metrics)
 	if err != nil {
 		return "", nil, err
 	}
 	metricsURL = base + "/metrics"
-	for i := range s.ranks {
-		u, err := serve(s.PluginHandler(i))
+	for _, h := range plugins {
+		u, err := serve(h)
 		if err != nil {
 			shutdown()
 			return "", nil, err

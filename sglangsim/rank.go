@@ -111,6 +111,11 @@ type sender struct {
 	// outstanding is NIXL's _staging_outstanding for the room: chunks taken
 	// off the queue or posted and not settled.
 	outstanding int
+	// released: this stage's inflight queue let the request go; a chunk
+	// still outstanding then settles at orphanUntil (zero: never, a stuck
+	// handle).
+	released    bool
+	orphanUntil time.Time
 	lastPoll    kvPoll
 
 	aborted      bool // abort(): record_failure, conclude_state = Failed
@@ -127,9 +132,15 @@ type record struct {
 	left        int64
 	forced      int64
 	decode      int64
+	dAdmit      int64
+	dForced     int64
+	corruptedBy string
 	rank        int32
+	drank       int32 // -1: never reached decode
 	kind        uint8 // index into kinds
 	outcome     uint8 // index into outcomes
+	dend        uint8 // index into decodeEnds
+	unsafe      uint8 // index into decodeEnds
 	progressing bool
 }
 
@@ -170,6 +181,12 @@ func (rc *record) export() Record {
 		ForcedAt:              unixTime(rc.forced),
 		ProgressingWhenForced: rc.progressing,
 		DecodeReleased:        unixTime(rc.decode),
+		DecodeRank:            int(rc.drank),
+		DecodeAdmitted:        unixTime(rc.dAdmit),
+		DecodeEnd:             decodeEnds[rc.dend],
+		DecodeForcedAt:        unixTime(rc.dForced),
+		UnsafeFree:            decodeEnds[rc.unsafe],
+		CorruptedBy:           rc.corruptedBy,
 	}
 }
 
@@ -258,13 +275,9 @@ func (g *group) reset(s *Sim, now, up time.Time, gen int, quiet bool) {
 		}
 		rc.left = now.UnixNano()
 		rc.outcome = outcomeIndex(OutcomeRestarted)
-		decode := now.Add(HeartbeatDetection)
 		if q.fake {
-			decode = now
-		} else if t := q.bootstrapDone.Add(s.opts.DecodeWaitingTimeout); !q.bootstrapDone.After(now) && t.Before(decode) {
-			decode = t
+			rc.decode = rc.left // prefill's own health checks never reach decode
 		}
-		rc.decode = decode.UnixNano()
 	}
 	for _, q := range g.bootstrapQ {
 		lose(q)
@@ -445,7 +458,7 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 		q.senders = append(q.senders, &sender{q: q, pinned: on, lastPoll: pollBootstrapping})
 	}
 	q.rec = len(g.records)
-	g.records = append(g.records, record{rid: q.rid, room: q.room, rank: int32(rank),
+	g.records = append(g.records, record{rid: q.rid, room: q.room, rank: int32(rank), drank: -1,
 		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeQueued)})
 	// Stages before the scheduler (tokenizer side), observed on arrival.
 	m := &g.stages[0].m
@@ -564,7 +577,9 @@ func (g *group) arrive(s *Sim, now time.Time) {
 				b = BehaviorSlow
 			}
 			boot := 2*time.Millisecond + time.Duration(g.rng.Float64()*float64(28*time.Millisecond))
-			g.bootstrapQ = append(g.bootstrapQ, g.newRequest(s, RequestSpec{Behavior: b, Bootstrap: boot}, at, g.stages[0].idx))
+			q := g.newRequest(s, RequestSpec{Behavior: b, Bootstrap: boot}, at, g.stages[0].idx)
+			g.bootstrapQ = append(g.bootstrapQ, q)
+			s.toDecode(g, q)
 			g.nextArrival = at.Add(g.expInterval())
 		}
 	}
@@ -851,7 +866,9 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 			o.until = now.Add(q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery)
 		}
 		r.orphans = append(r.orphans, o)
+		sd.orphanUntil = o.until
 	}
+	sd.released = true
 	ok := sd.lastPoll == pollSuccess
 	m := &r.m
 	if !ok {
@@ -902,20 +919,17 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 	switch {
 	case allOK:
 		rc.outcome = outcomeIndex(OutcomeSuccess)
-		rc.decode = now.Add(decodeSuccessLag).UnixNano()
 	case forced:
 		rc.outcome = outcomeIndex(OutcomeFailedForced)
 	default:
 		rc.outcome = outcomeIndex(OutcomeFailed)
 	}
-	switch {
-	case q.fake:
-		rc.decode = rc.left
-	case !allOK:
-		// Nothing tells decode (neither the flip nor the Failed branch
-		// sends KV_STATUS): it waits out its own timeout (facts §10.4).
-		rc.decode = q.bootstrapDone.Add(s.opts.DecodeWaitingTimeout).UnixNano()
+	if q.fake {
+		rc.decode = rc.left // prefill's own health checks never reach decode
 	}
+	// Decode frees the others itself (decode.go): nothing on a prefill
+	// release tells it (neither the flip nor the Failed branch sends
+	// KV_STATUS, facts §10.4).
 }
 
 func (r *rank) pruneOrphans(now time.Time) {
@@ -967,7 +981,7 @@ func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time)
 		return roomMismatch(req.RID, q.room)
 	}
 	if q.healthCheck() {
-		return healthCheck(q)
+		return healthCheckAnswer(q.rid, q.room)
 	}
 	sd := q.senders[r.pp]
 	if st, _ := r.status(s, sd, now); st == pollSuccess {
@@ -1016,10 +1030,9 @@ func roomMismatch(rid string, actual uint64) (int, pluginapi.ForceFailResponse) 
 			strconv.FormatUint(actual, 10) + ", not the one given"}
 }
 
-func healthCheck(q *request) (int, pluginapi.ForceFailResponse) {
-	room := q.room
-	return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultHealthCheck, RID: q.rid, BootstrapRoom: &room,
-		Error: "rid " + strconv.Quote(q.rid) + " is an SGLang health check or warm-up request; it is never force-failed"}
+func healthCheckAnswer(rid string, room uint64) (int, pluginapi.ForceFailResponse) {
+	return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultHealthCheck, RID: rid, BootstrapRoom: &room,
+		Error: "rid " + strconv.Quote(rid) + " is an SGLang health check or warm-up request; it is never force-failed"}
 }
 
 // pull pulls the named levers on this stage's sender of q and records the
@@ -1058,10 +1071,15 @@ func (r *rank) pull(s *Sim, q *request, levers []string, now time.Time) {
 func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	levers, note := s.levers()
 	nixl := s.opts.Backend == BackendNIXL
+	// The newest NIXL and Mooncake managers both shard chunks over worker
+	// queues and count each room's outstanding chunks (CommonKVManager's
+	// _staging_outstanding); mid-2025 NIXL transfers synchronously and has
+	// neither (facts §10.1, §10.2).
+	queues := s.opts.LeverEra != LeversNIXLMid2025
 	srv := pluginapi.Server{PID: r.pid, DPRank: r.dp, PPRank: r.pp, TPRank: 0,
 		DisaggregationMode: "prefill", TransferBackend: s.opts.Backend,
 		SGLangVersion: eraVersion[s.opts.Era], Levers: levers, LeverNote: note, PPSize: s.opts.PPSize}
-	if nixl {
+	if queues {
 		srv.TransferQueues = intPtr(TransferQueues)
 	}
 	l := pluginapi.Listing{
@@ -1084,16 +1102,15 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 			AgeSeconds: now.Sub(q.entered).Seconds(), PromptTokens: q.prompt, Progress: progress,
 			SendFailed: nixl && !q.fake && sd.sendFailed, HealthCheck: q.healthCheck(),
 		}
-		// Mooncake exposes no per-room transfer state; the fake sender has
-		// no KV manager queue.
-		inFlight := nixl && !q.fake && sd.outstanding > 0
+		// The fake sender has no KV manager queue.
+		inFlight := queues && !q.fake && sd.outstanding > 0
 		rm.TransferInFlight = &inFlight
-		if nixl && !q.fake {
+		if queues && !q.fake {
 			rm.TransferQueue = intPtr(q.queue)
 		}
 		l.Inflight[i] = rm
 	}
-	if nixl {
+	if queues {
 		for _, o := range r.orphans {
 			if o.until.IsZero() || o.until.After(now) {
 				l.OrphanedTransfers = append(l.OrphanedTransfers, pluginapi.OrphanedTransfer{
@@ -1128,15 +1145,17 @@ func (g *group) parity(s *Sim, now time.Time) {
 		rc.entered = entered.UnixNano()
 		rc.outcome = outcomeIndex(OutcomeInflight)
 	}
-	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096, DecodePort: 17001,
+	add(RequestSpec{RID: "pinned-0001", Room: 9223372036854775001, PromptTokens: 4096, DecodePort: 17002,
 		Behavior: BehaviorPinResurrection, FreezeAt: 3, ChunkEvery: 100 * time.Millisecond, Transfer: time.Second},
 		DefaultBootstrapAddr, 120*time.Second)
-	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024, DecodePort: 17002,
+	add(RequestSpec{RID: "healthy-0002", Room: 18446744073709551557, PromptTokens: 1024, DecodePort: 17001,
 		Behavior: BehaviorSlow, Transfer: -1, ChunkEvery: 100 * time.Millisecond},
 		"10.0.0.8:8998", 5*time.Second)
 	// A health check has no bootstrap port, so its address is the bare host.
 	add(RequestSpec{RID: "HEALTH_CHECK_1764403200.0", Behavior: BehaviorStuckHealthCheck},
 		FakeBootstrapHost, 200*time.Second)
+	add(RequestSpec{RID: ParityWarmupRID, Behavior: BehaviorStuckHealthCheck, Warmup: true},
+		FakeBootstrapHost, 150*time.Second)
 	for _, r := range g.stages {
 		r.logStats(s, now, 0)
 	}

@@ -179,13 +179,18 @@ func TestLeverEraMid2025(t *testing.T) {
 	if r := recordOf(t, s, healthy); r.Outcome != OutcomeSuccess {
 		t.Fatalf("healthy record %+v", r)
 	}
-	for _, rid := range append(rids, "unknown") {
+	for _, rid := range rids {
 		for _, dry := range []bool{true, false} {
 			st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: rid, DryRun: dry}, "")
 			if st != 501 || resp.Result != pluginapi.ResultUnsupported || resp.RID != rid || resp.Error == "" {
 				t.Fatalf("%s (dry run %v): %d %+v", rid, dry, st, resp)
 			}
 		}
+	}
+	// The rid is looked up first, as the plugin does (a health check answers
+	// 409 health_check even here).
+	if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "unknown"}, ""); st != 404 {
+		t.Fatalf("unknown rid: %d %+v", st, resp)
 	}
 	// Pulled by hand, the levers do nothing on this NIXL.
 	for _, rid := range rids {
@@ -230,14 +235,15 @@ func TestLeverEraEarly(t *testing.T) {
 			if !s.Booting() {
 				t.Fatal("the server did not go down")
 			}
-			for _, rid := range []string{pin, other} {
-				if r := recordOf(t, s, rid); r.Outcome != OutcomeRestarted || r.DecodeReleased.IsZero() {
-					t.Fatalf("record %+v", r)
-				}
-			}
 			run(s, c, DefaultBootTime, time.Second)
 			if s.Booting() {
 				t.Fatal("still booting")
+			}
+			// Decode's heartbeat failed the rooms of the crashed prefill.
+			for _, rid := range []string{pin, other} {
+				if r := recordOf(t, s, rid); r.Outcome != OutcomeRestarted || r.DecodeEnd != DecodeHeartbeat {
+					t.Fatalf("record %+v", r)
+				}
 			}
 			if l := s.Listing(1); l.Server.PID == pid || len(l.Inflight) != 0 {
 				t.Fatalf("after the crash: %+v", l)
@@ -413,14 +419,14 @@ func TestDecodeHold(t *testing.T) {
 	start := c.Now()
 	run(s, c, 40*time.Second, 100*time.Millisecond)
 	flip(t, s, 0, pin)
-	s.Step()
+	run(s, c, DefaultDecodeWaitingTimeout-40*time.Second+time.Second, 100*time.Millisecond)
 	r := recordOf(t, s, ok)
 	if d := r.DecodeReleased.Sub(r.Left); r.Outcome != OutcomeSuccess || d <= 0 || d > time.Second {
 		t.Fatalf("healthy: %+v", r)
 	}
 	for _, rid := range []string{pin, fails} {
 		r := recordOf(t, s, rid)
-		if r.Left.IsZero() || !r.DecodeReleased.Equal(start.Add(DefaultDecodeWaitingTimeout)) {
+		if r.Left.IsZero() || !r.DecodeReleased.Equal(start.Add(DefaultDecodeWaitingTimeout)) || r.DecodeEnd != DecodeTimeout {
 			t.Fatalf("%s: decode released %v after arrival (%+v)", rid, r.DecodeReleased.Sub(start), r)
 		}
 	}
@@ -429,7 +435,7 @@ func TestDecodeHold(t *testing.T) {
 	start2 := c2.Now()
 	run(s2, c2, time.Second, 100*time.Millisecond)
 	flip(t, s2, 0, pin2)
-	s2.Step()
+	run(s2, c2, time.Minute, 100*time.Millisecond)
 	if r := recordOf(t, s2, pin2); !r.DecodeReleased.Equal(start2.Add(time.Minute)) {
 		t.Fatalf("with a 1 min timeout: %+v", r)
 	}

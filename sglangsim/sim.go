@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
@@ -30,6 +31,10 @@ const (
 
 // ScenarioParity is the scene shared with the Python stand-in.
 const ScenarioParity = "parity"
+
+// ParityWarmupRID is the rid of the parity scene's warm-up request: a plain
+// hex rid, as SGLang's server warm-up has.
+const ParityWarmupRID = "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"
 
 // Lever eras (Options.LeverEra): which of the plugin's levers make SGLang's
 // poll() read Failed (facts §10.2).
@@ -123,9 +128,17 @@ type Options struct {
 	// DecodeWaitingTimeout is decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT;
 	// default DefaultDecodeWaitingTimeout.
 	DecodeWaitingTimeout time.Duration
-	ModelName            string // default DefaultModelName
-	Seed                 int64  // everything random comes from this seed
-	Token                string // bearer token for /admin/*; "" = none
+	// DecodeDPSize is the number of decode ranks (scheduler processes of
+	// the decode server); default 1. DecodePorts[i] belongs to decode rank
+	// i % DecodeDPSize.
+	DecodeDPSize int
+	// NoDeferredRelease turns decode's
+	// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE off (it is on by
+	// default in LeversNewest and absent in older lever eras).
+	NoDeferredRelease bool
+	ModelName         string // default DefaultModelName
+	Seed              int64  // everything random comes from this seed
+	Token             string // bearer token for /admin/*; "" = none
 	// BootstrapAddr is the bootstrap_addr of normal requests; default DefaultBootstrapAddr.
 	BootstrapAddr string
 	// ArrivalRate is healthy traffic in requests per simulated second over
@@ -286,29 +299,67 @@ type Record struct {
 	// making progress: kinds healthy, slow, health_check, failing, or
 	// blocked_by_wedge once it sent a chunk after its wedge cleared.
 	ProgressingWhenForced bool
-	// DecodeReleased is when decode frees the request's slot and KV pages:
-	// shortly after Left on Success; DecodeWaitingTimeout after decode
-	// started waiting when prefill failed it; HeartbeatDetection after a
-	// prefill restart (or the timeout, if earlier). Zero while prefill
-	// still holds the request.
+	// DecodeReleased is when decode freed the request's slot and KV pages
+	// (see the package documentation, "Decode"): shortly after Success;
+	// after its waiting timeout (plus a deferred release) when prefill
+	// failed it; after its heartbeat when prefill restarted; after a decode
+	// force-fail. Zero while decode holds the pages (or the request never
+	// reached decode, DecodeRank -1). Prefill's own health checks: Left.
 	DecodeReleased time.Time
+	// DecodeRank is the decode rank the request went to; -1 if none.
+	DecodeRank int
+	// DecodeAdmitted is when decode first saw the request in its queues;
+	// DecodeReleased - DecodeAdmitted is the decode slot hold time.
+	DecodeAdmitted time.Time
+	// DecodeEnd is how the request left decode; "" while there.
+	DecodeEnd DecodeEnd
+	// DecodeForcedAt is when a decode force-fail pulled the lever.
+	DecodeForcedAt time.Time
+	// UnsafeFree is non-empty when decode freed the request's pages while
+	// prefill still had a chunk of the room outstanding (a corruption
+	// hazard), and says what freed them: DecodeForceFail (the watchdog) or
+	// DecodeTimeout (SGLang's own waiting timeout).
+	UnsafeFree DecodeEnd
+	// CorruptedBy is the rid of a request whose late prefill write landed
+	// in this request's decode pages.
+	CorruptedBy string
 }
 
-// Sim is a simulated SGLang PD prefill server. All methods are safe for
-// concurrent use.
+// DecodeHold is how long decode held the request's slot and KV pages
+// (DecodeAdmitted to DecodeReleased); 0 while it still holds them or if the
+// request never reached decode.
+func (r Record) DecodeHold() time.Duration {
+	if r.DecodeAdmitted.IsZero() || r.DecodeReleased.IsZero() {
+		return 0
+	}
+	return r.DecodeReleased.Sub(r.DecodeAdmitted)
+}
+
+// Sim is a simulated SGLang PD prefill server and the decode server it
+// feeds. All methods are safe for concurrent use.
 type Sim struct {
 	opts   Options
 	clock  clock.Clock
 	ranks  []*rank  // by rank index dp*PPSize + pp
 	groups []*group // by dp rank
 
+	dranks []*drank // decode ranks
+
 	restartMu sync.Mutex // one restart at a time
+
+	hazMu       sync.Mutex
+	corruptions []Corruption // guarded by hazMu
 
 	cfgMu     sync.RWMutex
 	model     string    // guarded by cfgMu
 	gen       int       // restart generation, guarded by cfgMu
 	quiet     bool      // no arrivals and no health checks (parity scene), guarded by cfgMu
 	downUntil time.Time // the server boots until then, guarded by cfgMu
+	// restartTimes[g] is when prefill generation g ended; replaced whole
+	// under cfgMu on each restart.
+	restartTimes    atomic.Pointer[[]time.Time]
+	decodeGen       int       // guarded by cfgMu
+	decodeDownUntil time.Time // guarded by cfgMu
 }
 
 // New validates the options and returns a simulator whose clock starts at
@@ -317,8 +368,11 @@ func New(o Options) (*Sim, error) {
 	if o.Clock == nil {
 		return nil, errors.New("sglangsim: Options.Clock is required")
 	}
-	if o.DPSize < 0 || o.PPSize < 0 {
-		return nil, errors.New("sglangsim: DPSize and PPSize must not be negative")
+	if o.DPSize < 0 || o.PPSize < 0 || o.DecodeDPSize < 0 {
+		return nil, errors.New("sglangsim: DPSize, PPSize and DecodeDPSize must not be negative")
+	}
+	if o.DecodeDPSize == 0 {
+		o.DecodeDPSize = 1
 	}
 	if o.DPSize == 0 {
 		o.DPSize = 1
@@ -415,6 +469,11 @@ func New(o Options) (*Sim, error) {
 		g.reset(s, now, now, 0, false)
 		s.groups = append(s.groups, g)
 	}
+	for i := 0; i < o.DecodeDPSize; i++ {
+		dr := &drank{idx: i}
+		dr.reset(s, now, 0)
+		s.dranks = append(s.dranks, dr)
+	}
 	if o.Scenario != "" {
 		if err := s.SetScenario(o.Scenario); err != nil {
 			return nil, err
@@ -470,6 +529,32 @@ func (s *Sim) Start(ctx context.Context) {
 		r.mu.Unlock()
 		go s.runRank(ctx, r)
 	}
+	for _, dr := range s.dranks {
+		dr.mu.Lock()
+		if dr.running {
+			dr.mu.Unlock()
+			continue
+		}
+		dr.running = true
+		dr.mu.Unlock()
+		go s.runDecode(ctx, dr)
+	}
+}
+
+func (s *Sim) runDecode(ctx context.Context, dr *drank) {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			dr.mu.Lock()
+			dr.running = false
+			dr.mu.Unlock()
+			return
+		case <-t.C:
+			dr.pass(s, s.clock.Now())
+		}
+	}
 }
 
 func (s *Sim) runRank(ctx context.Context, r *rank) {
@@ -493,13 +578,17 @@ func (s *Sim) runRank(ctx context.Context, r *rank) {
 
 // Step makes one synchronous pass of every rank that is not paused, at
 // Clock.Now(): arrivals and health checks up to now, bootstrap, a prefill
-// batch, pending orders, the inflight poll and releases.
+// batch, pending orders, the inflight poll and releases; then one pass of
+// every decode rank.
 func (s *Sim) Step() {
 	now := s.clock.Now()
 	for _, r := range s.ranks {
 		if r.pass(s, now) {
 			s.restartServer(now)
 		}
+	}
+	for _, dr := range s.dranks {
+		dr.pass(s, now)
 	}
 }
 
@@ -527,6 +616,12 @@ func (s *Sim) restartServer(now time.Time) {
 	s.restartMu.Lock()
 	defer s.restartMu.Unlock()
 	s.cfgMu.Lock()
+	var ended []time.Time
+	if p := s.restartTimes.Load(); p != nil {
+		ended = slices.Clone(*p)
+	}
+	ended = append(ended, now)
+	s.restartTimes.Store(&ended)
 	s.gen++
 	gen, quiet := s.gen, s.quiet
 	up := now.Add(s.opts.BootTime)
@@ -549,6 +644,7 @@ func (s *Sim) Submit(spec RequestSpec) (rid string, room uint64) {
 	defer r.mu.Unlock()
 	q := r.g.newRequest(s, spec, now, r.idx)
 	r.g.bootstrapQ = append(r.g.bootstrapQ, q)
+	s.toDecode(r.g, q)
 	return q.rid, q.room
 }
 
@@ -614,17 +710,19 @@ func (s *Sim) Records() []Record {
 // PPSize 1 that is rank 0, dp0/pp0/tp0) exactly these inflight requests:
 //
 //  1. "pinned-0001", room 9223372036854775001, addr "10.0.0.7:8998", 4096
-//     prompt tokens, bound for decode port 17001 (transfer queue 1),
+//     prompt tokens, bound for decode port 17002 (transfer queue 2),
 //     Transferring with progress frozen at 3 (a resurrection pin: the
 //     transfer failed, no chunk outstanding), entered 120 s ago;
 //  2. "healthy-0002", room 18446744073709551557, addr "10.0.0.8:8998", 1024
-//     prompt tokens, bound for decode port 17002 (transfer queue 2),
+//     prompt tokens, bound for decode port 17001 (transfer queue 1),
 //     Transferring with progress advancing by 1 every 100 ms of clock time
 //     (50 at setup) and never finishing, a chunk always in flight, entered
 //     5 s ago;
 //  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2", 1 prompt
 //     token, fake sender in WaitingForInput for ever (progress -1, no
-//     transfer queue, nothing in flight), entered 200 s ago.
+//     transfer queue, nothing in flight), entered 200 s ago;
+//  4. ParityWarmupRID, a warm-up request (no HEALTH_CHECK prefix, facts
+//     §10.5): otherwise like the health check, entered 150 s ago.
 //
 // Counters start from 0, and the scene stays without traffic across
 // Restart. It must be called before Start.

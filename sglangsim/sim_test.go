@@ -321,23 +321,20 @@ func TestParityScenario(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			s, c := newSim(t, Options{Backend: backend, ArrivalRate: 100, HealthCheckEvery: time.Second, Scenario: ScenarioParity})
 			l := s.Listing(0)
-			if len(l.Inflight) != 3 || l.Queues != (pluginapi.Queues{Inflight: 3}) || l.Server.TransferBackend != backend {
+			if len(l.Inflight) != 4 || l.Queues != (pluginapi.Queues{Inflight: 4}) || l.Server.TransferBackend != backend {
 				t.Fatalf("parity listing: %+v", l)
 			}
 			nixl := backend == BackendNIXL
-			queue := func(q int) *int {
-				if nixl {
-					return &q
-				}
-				return nil
-			}
+			queue := func(q int) *int { return &q }
 			want := []pluginapi.Room{
 				{RID: "pinned-0001", BootstrapRoom: 9223372036854775001, BootstrapAddr: "10.0.0.7:8998", Poll: "Transferring",
-					AgeSeconds: 120, PromptTokens: 4096, Progress: 3, TransferInFlight: ptr(false), TransferQueue: queue(1)},
+					AgeSeconds: 120, PromptTokens: 4096, Progress: 3, TransferInFlight: ptr(false), TransferQueue: queue(2)},
 				{RID: "healthy-0002", BootstrapRoom: 18446744073709551557, BootstrapAddr: "10.0.0.8:8998", Poll: "Transferring",
-					AgeSeconds: 5, PromptTokens: 1024, Progress: 50, TransferInFlight: ptr(nixl), TransferQueue: queue(2)},
+					AgeSeconds: 5, PromptTokens: 1024, Progress: 50, TransferInFlight: ptr(true), TransferQueue: queue(1)},
 				{RID: "HEALTH_CHECK_1764403200.0", BootstrapRoom: 0, BootstrapAddr: "2.2.2.2", Poll: "WaitingForInput",
 					AgeSeconds: 200, PromptTokens: 1, Progress: -1, HealthCheck: true, TransferInFlight: ptr(false)},
+				{RID: ParityWarmupRID, BootstrapRoom: 0, BootstrapAddr: "2.2.2.2", Poll: "WaitingForInput",
+					AgeSeconds: 150, PromptTokens: 1, Progress: -1, HealthCheck: true, TransferInFlight: ptr(false)},
 			}
 			for i, w := range want {
 				if !reflect.DeepEqual(l.Inflight[i], w) {
@@ -354,7 +351,7 @@ func TestParityScenario(t *testing.T) {
 			}
 			run(s, c, time.Second, 100*time.Millisecond)
 			l = s.Listing(0)
-			if len(l.Inflight) != 3 || l.Inflight[0].Progress != 3 || l.Inflight[1].Progress != 60 || l.Queues.Bootstrap != 0 {
+			if len(l.Inflight) != 4 || l.Inflight[0].Progress != 3 || l.Inflight[1].Progress != 60 || l.Queues.Bootstrap != 0 {
 				t.Fatalf("after 1s: %+v", l)
 			}
 			if v := mustMetric(t, s, "sglang:num_running_reqs", map[string]string{"model_name": "standin"}); v != 0 {
@@ -372,6 +369,10 @@ func TestParityScenario(t *testing.T) {
 			if st != 409 || resp.Result != pluginapi.ResultHealthCheck || resp.BootstrapRoom == nil || *resp.BootstrapRoom != 0 {
 				t.Fatalf("health check dry run: %d %+v", st, resp)
 			}
+			st, resp = s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: ParityWarmupRID}, "")
+			if st != 409 || resp.Result != pluginapi.ResultHealthCheck {
+				t.Fatalf("warm-up: %d %+v", st, resp)
+			}
 			st, resp = s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: "pinned-0001"}, "")
 			if st != 200 || resp.Result != pluginapi.ResultFlipped || resp.Lever != wantLever || !slices.Equal(resp.Levers, wantLevers) ||
 				*resp.BootstrapRoom != 9223372036854775001 || resp.AppliedUnix != unixSeconds(c.Now()) {
@@ -380,7 +381,7 @@ func TestParityScenario(t *testing.T) {
 			c.Advance(100 * time.Millisecond)
 			s.Step()
 			l = s.Listing(0)
-			if len(l.Inflight) != 2 || mustMetric(t, s, "sglang:num_transfer_failed_reqs_total", nil) != 1 {
+			if len(l.Inflight) != 3 || mustMetric(t, s, "sglang:num_transfer_failed_reqs_total", nil) != 1 {
 				t.Fatalf("pinned-0001 not released: %+v", l.Inflight)
 			}
 			if r := recordOf(t, s, "pinned-0001"); r.Outcome != OutcomeFailedForced || r.ProgressingWhenForced {
@@ -388,7 +389,7 @@ func TestParityScenario(t *testing.T) {
 			}
 			s.Restart()
 			run(s, c, 40*time.Second, 100*time.Millisecond)
-			if l := s.Listing(0); l.Queues != (pluginapi.Queues{}) || len(s.Records()) != 3 {
+			if l := s.Listing(0); l.Queues != (pluginapi.Queues{}) || len(s.Records()) != 4 {
 				t.Fatalf("parity scene got traffic after a restart: %+v, %d records", l.Queues, len(s.Records()))
 			}
 		})

@@ -33,7 +33,6 @@ func flip(t *testing.T, s *Sim, rank int, rid string) pluginapi.ForceFailRespons
 func TestWedgeOutlivesEveryLever(t *testing.T) {
 	for _, backend := range []string{BackendNIXL, BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
-			nixl := backend == BackendNIXL
 			s, c := newSim(t, Options{Backend: backend})
 			// Decode ports 17001 and 17005 share queue 1; 17002 is queue 2.
 			early, _ := s.Submit(RequestSpec{DecodePort: 17001, PromptTokens: 4096, Transfer: 20 * time.Second})
@@ -56,14 +55,11 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 				t.Fatalf("the room picked up before the stuck handle: %+v", r)
 			}
 			pinQ := mustRoom(t, l, pin)
-			if pinQ.Progress != 1 || pinQ.Poll != pluginapi.PollTransferring || *pinQ.TransferInFlight != nixl {
+			if pinQ.Progress != 1 || pinQ.Poll != pluginapi.PollTransferring || !*pinQ.TransferInFlight {
 				t.Fatalf("stuck handle: %+v", pinQ)
 			}
-			if nixl && *pinQ.TransferQueue != 1 {
+			if *pinQ.TransferQueue != 1 {
 				t.Fatalf("stuck handle on queue %v", *pinQ.TransferQueue)
-			}
-			if !nixl && pinQ.TransferQueue != nil {
-				t.Fatal("Mooncake exposes no transfer queue")
 			}
 
 			// Every lever on the stuck room releases the request...
@@ -86,16 +82,11 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 					t.Fatalf("record %+v", r)
 				}
 			}
-			wantOrphans := 0
-			if nixl {
-				wantOrphans = 1
-				o := l.OrphanedTransfers[0]
-				if o.BootstrapRoom != pinRoom || *o.TransferQueue != 1 || o.OutstandingChunks != 1 {
-					t.Fatalf("orphan %+v", o)
-				}
-			}
-			if l.OrphanedTransfers == nil || len(l.OrphanedTransfers) != wantOrphans {
+			if len(l.OrphanedTransfers) != 1 {
 				t.Fatalf("orphaned transfers %+v", l.OrphanedTransfers)
+			}
+			if o := l.OrphanedTransfers[0]; o.BootstrapRoom != pinRoom || *o.TransferQueue != 1 || o.OutstandingChunks != 1 {
+				t.Fatalf("orphan %+v", o)
 			}
 			// A room behind the wedge is released by its own lever (its queued
 			// chunks are skipped: no orphan), and the wedge stays.
@@ -105,7 +96,7 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 			if _, ok := room(l, behind); ok {
 				t.Fatal("room behind the wedge not released by its lever")
 			}
-			if len(l.OrphanedTransfers) != wantOrphans {
+			if len(l.OrphanedTransfers) != 1 {
 				t.Fatalf("orphaned transfers %+v", l.OrphanedTransfers)
 			}
 			mustRoom(t, l, sameQueue)

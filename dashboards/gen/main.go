@@ -1,12 +1,10 @@
-// Command gen writes the sglang-watchdog Grafana dashboard JSON.
+// Command gen writes the sglang-watchdog Grafana dashboard JSON: the mixin's
+// base dashboard, which the mixin renders into dashboards/sglang-watchdog.json.
 //
-// From the repository root:
+// From the repository root, `go generate ./mixin/` runs it and then renders
+// the mixin; by hand:
 //
-//	go generate ./dashboards/
-//
-// or equivalently:
-//
-//	go run ./dashboards/gen -out dashboards/sglang-watchdog.json
+//	go run ./dashboards/gen -out mixin/dashboards/sglang-watchdog.json
 package main
 
 import (
@@ -18,7 +16,7 @@ import (
 )
 
 func main() {
-	out := flag.String("out", dashboards.FileName, "file to write the dashboard JSON to (\"-\" for stdout)")
+	out := flag.String("out", "-", "file to write the dashboard JSON to (\"-\" for stdout)")
 	flag.Parse()
 	if err := run(*out); err != nil {
 		fmt.Fprintln(os.Stderr, "gen:", err)

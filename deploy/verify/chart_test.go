@@ -195,18 +195,21 @@ func TestChartRenders(t *testing.T) {
 				}
 			}
 
-			// The NetworkPolicy admits Prometheus to the sidecar (9433) and keeps
-			// SGLang's own ports open.
+			// The NetworkPolicy admits Prometheus to the sidecar (9433), the
+			// nodes of networkPolicy.probesFrom to the probe port (9434), and
+			// keeps SGLang's own ports open.
 			if (len(o.networkPolicies) > 0) != c.networkPolicy {
 				t.Errorf("%d NetworkPolicies, want networkPolicy=%v", len(o.networkPolicies), c.networkPolicy)
 			}
 			for _, np := range o.networkPolicies {
-				var metrics, api, extra bool
+				var metrics, probes, api, extra bool
 				for _, r := range np.Spec.Ingress {
 					for _, p := range r.Ports {
 						switch p.Port.String() {
 						case "9433":
 							metrics = len(r.From) > 0
+						case "9434":
+							probes = len(r.From) == 1 && r.From[0].IPBlock != nil
 						case "30000":
 							api = len(r.From) == 0
 						case "15000":
@@ -214,8 +217,8 @@ func TestChartRenders(t *testing.T) {
 						}
 					}
 				}
-				if !metrics || !api || !extra {
-					t.Errorf("NetworkPolicy %s: metrics from Prometheus only %v, SGLang API open %v, extraIngress %v", np.Name, metrics, api, extra)
+				if !metrics || !probes || !api || !extra {
+					t.Errorf("NetworkPolicy %s: metrics from Prometheus only %v, probes from the nodes only %v, SGLang API open %v, extraIngress %v", np.Name, metrics, probes, api, extra)
 				}
 			}
 		})
@@ -337,6 +340,7 @@ func TestChartRejectsBadValues(t *testing.T) {
 		"auto without plugin": {
 			"roles:\n  decode:\n    forceFailMode: auto\n", "forceFailMode auto needs the plugin",
 		},
+		"one port for both": {"sidecar:\n  probePort: 9433\n", "sidecar.probePort and sidecar.port are both 9433"},
 		"unknown rule file": {"prometheusRule:\n  ruleFiles:\n    watchdgo: true\n", "the chart has no files/rules/watchdgo.rules.yml"},
 	} {
 		f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")

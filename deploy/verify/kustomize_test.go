@@ -241,10 +241,10 @@ patches:
   - target: {kind: Deployment, labelSelector: app.kubernetes.io/component=prefill}
     patch: |-
       - op: add
-        path: /spec/template/spec/initContainers/0/args/4
+        path: /spec/template/spec/initContainers/0/args/5
         value: --plugin.url=http://127.0.0.1:30102
       - op: add
-        path: /spec/template/spec/initContainers/0/args/5
+        path: /spec/template/spec/initContainers/0/args/6
         value: --plugin.url=http://127.0.0.1:30103
 `, map[string]any{"prefill.yaml": prefill})
 	docs, err := splitDocs("kustomize build", out)

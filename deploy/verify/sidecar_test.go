@@ -75,9 +75,11 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 	if c.ReadinessProbe != nil {
 		t.Errorf("%s: the sidecar must not have a readinessProbe (it would gate SGLang's readiness)", name)
 	}
+	// Probes on the probe listener: --web.config.file must not turn them
+	// into TLS handshakes or 401s.
 	for kind, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/-/healthy" || p.HTTPGet.Port.String() != "metrics" {
-			t.Errorf("%s: the sidecar needs a %s probe on /-/healthy, port metrics", name, kind)
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/-/healthy" || p.HTTPGet.Port.String() != "probes" {
+			t.Errorf("%s: the sidecar needs a %s probe on /-/healthy, port probes", name, kind)
 		}
 	}
 	sc := c.SecurityContext
@@ -89,14 +91,15 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 	if c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("%s: the sidecar needs a memory limit", name)
 	}
-	var port int32
+	ports := map[string]int32{}
 	for _, p := range c.Ports {
-		if p.Name == "metrics" {
-			port = p.ContainerPort
-		}
+		ports[p.Name] = p.ContainerPort
 	}
-	if got := flagValues(c.Args, "web.listen-address"); port == 0 || !reflect.DeepEqual(got, []string{":" + strconv.Itoa(int(port))}) {
-		t.Errorf("%s: --web.listen-address %q does not serve the named port metrics (%d)", name, got, port)
+	for flag, port := range map[string]string{"web.listen-address": "metrics", "web.probe-listen-address": "probes"} {
+		n := ports[port]
+		if got := flagValues(c.Args, flag); n == 0 || !reflect.DeepEqual(got, []string{":" + strconv.Itoa(int(n))}) {
+			t.Errorf("%s: --%s %q does not serve the named port %s (%d)", name, flag, got, port, n)
+		}
 	}
 	for _, a := range c.Args {
 		if !strings.HasPrefix(a, "--") || !strings.Contains(a, "=") {

@@ -21,6 +21,8 @@ class Config:
     # rather than open without the token the operator asked for.
     token_unusable: bool = False
     disabled: bool = False
+    # POST /admin/restart ends the process: the operator opts in.
+    allow_restart: bool = False
 
     @classmethod
     def from_env(cls):
@@ -33,7 +35,8 @@ class Config:
         if not 0 <= base_port <= 65535:
             raise ValueError(f"SGLANG_WATCHDOG_PLUGIN_PORT={base_port} is not a TCP port")
         token, unusable = _read_token(env.get("SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE", "").strip())
-        return cls(host=host, base_port=base_port, token=token, token_unusable=unusable)
+        allow_restart = env.get("SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART", "").strip() == "1"
+        return cls(host=host, base_port=base_port, token=token, token_unusable=unusable, allow_restart=allow_restart)
 
     def port_for(self, index):
         return 0 if self.base_port == 0 else self.base_port + index
@@ -57,6 +60,15 @@ def _read_token(path):
         return None, True
     if not token:
         logger.error("SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE %s is empty; /admin/* stays closed", path)
+        return None, True
+    bad = next((i for i, byte in enumerate(token) if byte <= 0x20 or byte == 0x7F), None)
+    if bad is not None:
+        # A token with a line break or a space inside is a file written wrong
+        # (two tokens, or a pasted header), never a secret to match.
+        logger.error(
+            "SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE %s: the token has whitespace or a control character (byte 0x%02x) "
+            "at offset %d inside it; /admin/* stays closed", path, token[bad], bad,
+        )
         return None, True
     return token, False
 

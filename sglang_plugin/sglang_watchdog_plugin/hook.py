@@ -30,7 +30,7 @@ _monitors_lock = threading.Lock()
 
 def around_inflight_pass(original_fn, scheduler, *args, **kwargs):
     """AROUND hook in the shape of SGLang's HookRegistry: fn(original_fn, *args, **kwargs)."""
-    monitor = _monitor_for_pass(scheduler)
+    monitor = _monitor_for_pass(scheduler, original_fn)
     if monitor is None:
         return original_fn(scheduler, *args, **kwargs)
     monitor.before_pass(scheduler)
@@ -62,7 +62,7 @@ def monitor_for(scheduler):
     return _monitors.get(scheduler)
 
 
-def _monitor_for_pass(scheduler):
+def _monitor_for_pass(scheduler, original_fn):
     try:
         return _monitors[scheduler]
     except KeyError:
@@ -71,11 +71,11 @@ def _monitor_for_pass(scheduler):
         return None
     with _monitors_lock:
         if scheduler not in _monitors:
-            _monitors[scheduler] = _start(scheduler)
+            _monitors[scheduler] = _start(scheduler, original_fn)
         return _monitors[scheduler]
 
 
-def _start(scheduler):
+def _start(scheduler, original_fn):
     try:
         config = Config.from_env()
         if config.disabled:
@@ -86,6 +86,7 @@ def _start(scheduler):
             logger.debug("sglang-watchdog plugin idle on this scheduler: %s", identity)
             return None
         monitor = Monitor(identity)
+        monitor.configure(scheduler, original_fn)
         monitor.listener = start_listener(monitor, config)
         return monitor if monitor.listener is not None else None
     except Exception:

@@ -20,20 +20,26 @@ append outside the pass.
 import collections
 import logging
 import os
+import signal
 import threading
 import time
 from typing import NamedTuple
 
+from . import capabilities
 from .identity import sglang_version
-from .observe import UNKNOWN, observe, poll_name
+from .observe import UNKNOWN, observe, outstanding_chunks, poll_name
 from .orders import (
     ForceFailOrder,
+    Outcome,
     apply_order,
+    health_check,
     internal_error,
+    is_health_check,
     not_found,
     room_mismatch,
     too_many_orders,
     unresponsive,
+    unsupported,
 )
 
 logger = logging.getLogger("sglang_watchdog_plugin")
@@ -42,7 +48,10 @@ API_VERSION = 1
 ORDER_TIMEOUT_S = 5.0
 MAX_PENDING_ORDERS = 64
 REOBSERVE_INTERVAL_S = 0.1
-FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils.FAKE_BOOTSTRAP_HOST
+# Rooms remembered after they left the queue with chunks outstanding; a
+# wedged worker holds a few, so this bound only stops a leak from growing.
+MAX_ORPHANS = 1024
+_NO_SENDER_YET = "no KV sender of this backend has been seen yet; the levers are worked out from the first one"
 _ERROR_LOG_INTERVAL_S = 60.0
 
 
@@ -55,13 +64,14 @@ class RequestFacts(NamedTuple):
     prompt_tokens: int
     entry_perf: float
     health_check: bool
+    transfer_queue: int | None
 
 
 class Snapshot(NamedTuple):
     """What the HTTP threads may read.
 
     ``rooms`` maps id(req) to a room, the plain tuple
-    ``(req, RequestFacts, poll, progress, send_failed)``: plain because the
+    ``(req, RequestFacts, poll, progress, send_failed, transfer_in_flight)``: plain because the
     scheduler thread builds one per room on every re-observation. Holding req
     keeps its id() from being taken by another object while the room is known.
     The scheduler thread only adds to that dict until it replaces it with a
@@ -74,14 +84,23 @@ class Snapshot(NamedTuple):
     inflight: int
     bootstrap: int
     waiting: int
+    orphans: tuple  # (bootstrap_room, transfer_queue, outstanding_chunks) of rooms gone from the queue
 
 
-_EMPTY = Snapshot(members=(), rooms={}, inflight=0, bootstrap=0, waiting=0)
+_EMPTY = Snapshot(members=(), rooms={}, inflight=0, bootstrap=0, waiting=0, orphans=())
 
 
 class Monitor:
     def __init__(self, identity):
         self.identity = identity
+        # Levers of the backend's sender class; None until a sender of it is seen.
+        self.capabilities = None
+        self.transfer_queues = None
+        # The parent at load, as SGLang's peer recovery records it: a process
+        # re-parented since then must not signal its new parent.
+        self.parent_pid = os.getppid()
+        self.kill = os.kill  # injectable: tests must never end the test runner
+        self.exit = os._exit
         self.order_timeout = ORDER_TIMEOUT_S
         self.max_pending_orders = MAX_PENDING_ORDERS
         self.iterations = 0
@@ -102,6 +121,51 @@ class Monitor:
         self._next_reobserve = 0.0
         self._next_error_log = 0.0
         self._suppressed_errors = 0
+        self._pass_problem = ""
+        self._by_class = {}  # sender class -> Capabilities
+        self._queue_keys = {}  # id(manager) -> (manager, QueueKey)
+        self._orphans = {}  # bootstrap_room -> (sender, transfer_queue)
+        self._orphan_rows = ()
+
+    def configure(self, scheduler, pass_fn):
+        """Scheduler thread, at load: works out the levers from the code of this SGLang."""
+        try:
+            self._pass_problem = capabilities.failed_branch_problem(pass_fn)
+            sender_cls, manager_cls = capabilities.sender_classes(scheduler, self.identity.backend)
+            if sender_cls is not None:
+                self._resolve(sender_cls, manager_cls)
+            manager = getattr(getattr(scheduler, "disagg_prefill_bootstrap_queue", None), "kv_manager", None)
+            if manager is not None:
+                self.transfer_queues = self._queue_key(manager).count
+        except Exception as e:  # never guess: no lever until the code can be read
+            logger.exception("sglang-watchdog plugin could not work out the levers of this SGLang")
+            self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
+            self.capabilities = capabilities.Capabilities((), self._pass_problem)
+        caps = self.capabilities
+        logger.info(
+            "sglang-watchdog plugin levers on this SGLang: %s%s",
+            ",".join(caps.levers) if caps and caps.levers else "none",
+            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({_NO_SENDER_YET})",
+        )
+
+    def capabilities_for(self, sender):
+        cls = type(sender)
+        caps = self._by_class.get(cls)
+        if caps is None:
+            caps = capabilities.detect(cls, type(getattr(sender, "kv_mgr", None)), self._pass_problem)
+            self._by_class[cls] = caps
+        return caps
+
+    def _resolve(self, sender_cls, manager_cls):
+        caps = capabilities.detect(sender_cls, manager_cls, self._pass_problem)
+        self._by_class[sender_cls] = caps
+        self.capabilities = caps
+
+    def _queue_key(self, manager):
+        entry = self._queue_keys.get(id(manager))
+        if entry is None:
+            entry = self._queue_keys[id(manager)] = (manager, capabilities.queue_key(manager))
+        return entry[1]
 
     # -- scheduler thread -------------------------------------------------
 
@@ -139,7 +203,7 @@ class Monitor:
                 continue  # withdrawn after its timeout: never apply it
             outcome = internal_error(order.rid, "the plugin failed while applying the order; see the scheduler log")
             try:
-                outcome = apply_order(order, queue)
+                outcome = apply_order(order, queue, self.capabilities_for)
             except Exception:
                 logger.exception("applying a force-fail order for rid=%s failed", order.rid)
             finally:
@@ -156,7 +220,7 @@ class Monitor:
         rooms = self._rooms
         for req in newcomers:
             if id(req) not in rooms:
-                facts = _describe(req, now)
+                facts = self._describe(req, now)
                 if facts is not None:  # unnamed requests cannot be listed nor targeted
                     rooms[id(req)] = _observed(req, facts)
         self._last_queue = queue
@@ -167,6 +231,7 @@ class Monitor:
             inflight=len(queue),
             bootstrap=_length(getattr(getattr(scheduler, "disagg_prefill_bootstrap_queue", None), "queue", None)),
             waiting=_length(getattr(scheduler, "waiting_queue", None)),
+            orphans=self._orphan_rows,
         )
 
     def _reobserve_all(self, queue, now):
@@ -174,14 +239,81 @@ class Monitor:
         rooms = {}
         for req in queue:
             room = known.get(id(req))
-            facts = _describe(req, now) if room is None else room[1]
+            if room is None:
+                facts = self._describe(req, now)
+            else:
+                facts = room[1]
+                if facts.transfer_queue is None:  # the destinations may have arrived since
+                    facts = facts._replace(transfer_queue=self._transfer_queue(req, facts.bootstrap_room))
             if facts is not None:
                 rooms[id(req)] = _observed(req, facts)
+        departed = known.keys() - rooms.keys()
+        if departed or self._orphans:
+            self._track_orphans(known, departed, rooms)
         # A fresh dict: released requests are let go, and readers of the
         # previous snapshot keep a dict that no longer changes.
         self._rooms = rooms
         self._handled_order = False
         self._next_reobserve = now + self._reobserve_interval
+
+    def _track_orphans(self, known, departed, rooms):
+        """Rooms that left the queue while the manager still counts chunks for them."""
+        orphans = self._orphans
+        for key in departed:
+            if len(orphans) >= MAX_ORPHANS:
+                break
+            req, facts = known[key][0], known[key][1]
+            sender = getattr(req, "disagg_kv_sender", None)
+            if outstanding_chunks(sender, facts.bootstrap_room):
+                orphans[facts.bootstrap_room] = (sender, facts.transfer_queue)
+        if not orphans:
+            self._orphan_rows = ()
+            return
+        listed = {room[1].bootstrap_room for room in rooms.values()}
+        rows = []
+        for bootstrap_room, (sender, queue) in list(orphans.items()):
+            count = outstanding_chunks(sender, bootstrap_room)
+            if count == 0 or bootstrap_room in listed:
+                del orphans[bootstrap_room]
+            else:
+                rows.append((bootstrap_room, queue, count))
+        self._orphan_rows = tuple(rows)
+
+    def _describe(self, req, now):
+        rid = getattr(req, "rid", None)
+        room = getattr(req, "bootstrap_room", None)
+        if not isinstance(rid, str) or not isinstance(room, int) or isinstance(room, bool):
+            return None  # cannot be named in the listing nor targeted by an order
+        if self.capabilities is None:
+            found = capabilities.backend_sender(getattr(req, "disagg_kv_sender", None), self.identity.backend)
+            if found is not None:
+                self._resolve(*found)
+        host = getattr(req, "bootstrap_host", None)
+        port = getattr(req, "bootstrap_port", None)
+        if host is None:
+            addr = ""
+        elif port is None:
+            addr = str(host)
+        else:
+            addr = f"{host}:{port}"
+        return RequestFacts(
+            rid=rid,
+            bootstrap_room=room,
+            bootstrap_addr=addr,
+            prompt_tokens=_length(getattr(req, "origin_input_ids", None)),
+            entry_perf=_entry_time(req, now),
+            health_check=is_health_check(rid, room, host),
+            transfer_queue=self._transfer_queue(req, room),
+        )
+
+    def _transfer_queue(self, req, room):
+        manager = getattr(getattr(req, "disagg_kv_sender", None), "kv_mgr", None)
+        if manager is None:
+            return None
+        key = self._queue_key(manager)
+        if self.transfer_queues is None and key.count is not None:
+            self.transfer_queues = key.count
+        return capabilities.queue_of(key, manager, room)
 
     def _log_error(self, where):
         # Called from except blocks. A persistent fault would otherwise log on
@@ -204,6 +336,7 @@ class Monitor:
         snapshot = self.snapshot
         now = time.perf_counter()
         ident = self.identity
+        caps = self.capabilities
         return {
             "api_version": API_VERSION,
             "server": {
@@ -214,11 +347,19 @@ class Monitor:
                 "disaggregation_mode": ident.mode,
                 "transfer_backend": ident.backend,
                 "sglang_version": sglang_version(),
+                "levers": list(caps.levers) if caps is not None else [],
+                "lever_note": caps.note if caps is not None else _NO_SENDER_YET,
+                "pp_size": ident.pp_size,
+                "transfer_queues": self.transfer_queues,
             },
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
             "queues": {"bootstrap": snapshot.bootstrap, "waiting": snapshot.waiting, "inflight": snapshot.inflight},
             "inflight": [_room_json(room, now) for room in _listed(snapshot)],
+            "orphaned_transfers": [
+                {"bootstrap_room": room, "transfer_queue": queue, "outstanding_chunks": count}
+                for room, queue, count in snapshot.orphans
+            ],
         }
 
     def force_fail(self, rid, bootstrap_room, reason, dry_run):
@@ -228,6 +369,11 @@ class Monitor:
             return not_found(rid)
         if bootstrap_room is not None and bootstrap_room != known.bootstrap_room:
             return room_mismatch(rid, known.bootstrap_room)
+        if known.health_check:
+            return health_check(rid, known.bootstrap_room)
+        caps = self.capabilities
+        if caps is not None and not caps.levers:
+            return unsupported(rid, caps.note)
         order = ForceFailOrder(rid, bootstrap_room, reason, dry_run)
         with self._enqueue_lock:
             pending = len(self._orders)
@@ -246,6 +392,34 @@ class Monitor:
             pass  # the scheduler thread popped it first (and skips it: it is withdrawn)
         return unresponsive(rid, timeout)
 
+    def restart(self, pid, dry_run):
+        """Decides a restart order (the HTTP handler sends the answer, then calls end_process)."""
+        me = os.getpid()
+        if pid != me:
+            return Outcome(409, {"result": "pid_mismatch", "pid": me,
+                                 "error": f"pid {pid} is not this process (pid {me}); it may have restarted already"})
+        if dry_run:
+            return Outcome(200, {"result": "would_restart", "pid": me})
+        return Outcome(202, {"result": "restarting", "pid": me})
+
+    def end_process(self, reason):
+        """Ends the process as SGLang's NIXL peer recovery does when a transfer cannot be retired.
+
+        SIGQUIT to the parent makes SGLang's launcher tear the server down;
+        exit status 1 (os._exit: this runs on a listener thread) lets the
+        orchestrator restart it.
+        """
+        parent = self.parent_pid
+        logger.error("sglang-watchdog plugin ends this scheduler process on request: %s (SIGQUIT to parent %d, "
+                     "exit status 1)", reason or "no reason given", parent)
+        try:
+            if parent > 1:  # never signal init or an unknown parent
+                self.kill(parent, signal.SIGQUIT)
+        except OSError as e:
+            logger.error("cannot signal parent process %d: %s", parent, e)
+        finally:
+            self.exit(1)
+
     def close(self):
         if self.listener is not None:
             self.listener.close()
@@ -261,33 +435,12 @@ def _listed(snapshot):
 
 
 def _observed(req, facts):
+    sender = getattr(req, "disagg_kv_sender", None)
     try:
-        return (req, facts) + observe(getattr(req, "disagg_kv_sender", None), facts.bootstrap_room)
+        room = facts.bootstrap_room
+        return (req, facts) + observe(sender, room) + (outstanding_chunks(sender, room) > 0,)
     except Exception:  # a sender that fails to answer is listed, not dropped
-        return (req, facts, UNKNOWN, -1, False)
-
-
-def _describe(req, now):
-    rid = getattr(req, "rid", None)
-    room = getattr(req, "bootstrap_room", None)
-    if not isinstance(rid, str) or not isinstance(room, int) or isinstance(room, bool):
-        return None  # cannot be named in the listing nor targeted by an order
-    host = getattr(req, "bootstrap_host", None)
-    port = getattr(req, "bootstrap_port", None)
-    if host is None:
-        addr = ""
-    elif port is None:
-        addr = str(host)
-    else:
-        addr = f"{host}:{port}"
-    return RequestFacts(
-        rid=rid,
-        bootstrap_room=room,
-        bootstrap_addr=addr,
-        prompt_tokens=_length(getattr(req, "origin_input_ids", None)),
-        entry_perf=_entry_time(req, now),
-        health_check=rid.startswith("HEALTH_CHECK") or room == 0 or host == FAKE_BOOTSTRAP_HOST,
-    )
+        return (req, facts, UNKNOWN, -1, False, False)
 
 
 def _entry_time(req, now):
@@ -307,7 +460,7 @@ def _length(collection):
 
 
 def _room_json(room, now):
-    _, facts, poll, progress, send_failed = room
+    _, facts, poll, progress, send_failed, in_flight = room
     return {
         "rid": facts.rid,
         "bootstrap_room": facts.bootstrap_room,
@@ -318,4 +471,6 @@ def _room_json(room, now):
         "progress": progress,
         "send_failed": send_failed,
         "health_check": facts.health_check,
+        "transfer_in_flight": in_flight,
+        "transfer_queue": facts.transfer_queue,
     }

@@ -16,8 +16,6 @@ Attributes read per backend:
   no progress (-1).
 """
 
-import sys
-
 FAILED, BOOTSTRAPPING, WAITING_FOR_INPUT, TRANSFERRING, SUCCESS = range(5)
 UNKNOWN = -1
 
@@ -81,20 +79,21 @@ def progress_of(sender):
 
 
 def lever_name(sender):
+    """The version 1 ``lever`` field: the attribute older clients know the backend by."""
     return "_send_failed" if hasattr(sender, "_send_failed") else "conclude_state"
 
 
-def pull_lever(sender):
-    """Sets the backend's lever so that the sender's next poll() reports Failed."""
-    if hasattr(sender, "_send_failed"):
-        # NIXL's poll() checks _send_failed first and ignores conclude_state.
-        sender._send_failed = True
-    else:
-        sender.conclude_state = _kvpoll_failed()
+def outstanding_chunks(sender, room):
+    """Chunks of this room that a transfer worker has dequeued or posted and not settled (0 if unknown).
 
-
-def _kvpoll_failed():
-    # Prefer SGLang's own constant in case a release turns KVPoll into an enum;
-    # the module is already loaded wherever a real sender exists.
-    conn = sys.modules.get("sglang.srt.disaggregation.base.conn")
-    return getattr(getattr(conn, "KVPoll", None), "Failed", FAILED)
+    The newest NIXL, Mooncake and Mori managers count them per room in
+    ``_staging_outstanding`` (a defaultdict: read with get, never index it).
+    """
+    counts = getattr(getattr(sender, "kv_mgr", None), "_staging_outstanding", None)
+    if counts is None:
+        return 0
+    try:
+        value = counts.get(room, 0)
+    except Exception:
+        return 0
+    return value if value.__class__ is int and value > 0 else 0

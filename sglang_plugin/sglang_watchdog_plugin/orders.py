@@ -11,11 +11,13 @@ import threading
 import time
 from typing import NamedTuple
 
-from .observe import FAILED, lever_name, observe, pull_lever
+from .capabilities import ABORT, SEND_FAILED
+from .observe import FAILED, SUCCESS, UNKNOWN, as_poll_code, lever_name, observe
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
 DEFAULT_REASON = "force-failed by sglang-watchdog"
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # sglang.srt.disaggregation.utils.FAKE_BOOTSTRAP_HOST
 
 _PENDING, _CLAIMED, _WITHDRAWN = range(3)
 
@@ -61,45 +63,129 @@ class ForceFailOrder:
         return self._outcome
 
 
-def apply_order(order, queue):
-    """Scheduler thread: decides the order against the live inflight queue and applies it."""
+def apply_order(order, queue, capabilities_for):
+    """Scheduler thread: decides the order against the live inflight queue and applies it.
+
+    ``capabilities_for(sender)`` gives the levers that work for that sender's class.
+    """
     req = next((r for r in queue if getattr(r, "rid", None) == order.rid), None)
     if req is None:
         return not_found(order.rid)
     room = getattr(req, "bootstrap_room", None)
     if order.bootstrap_room is not None and room != order.bootstrap_room:
         return room_mismatch(order.rid, room)
+    if is_health_check(order.rid, room, getattr(req, "bootstrap_host", None)):
+        return health_check(order.rid, room)
     sender = getattr(req, "disagg_kv_sender", None)
     if sender is None:
         return internal_error(order.rid, "the request has no KV sender to fail")
+    capabilities = capabilities_for(sender)
+    if not capabilities.levers:
+        return unsupported(order.rid, capabilities.note)
 
-    lever = lever_name(sender)
-    if observe(sender, room)[0] == FAILED:  # the lever is set, or the status already reads Failed
-        result = "already_failed"
+    poll = observe(sender, room)[0]
+    if poll == FAILED:  # a lever is set, or the status already reads Failed
+        result, levers = "already_failed", _levers_set(sender, room, capabilities.levers)
+    elif poll == SUCCESS or _status(sender, room) == SUCCESS:
+        # update_status(room, Failed) would overwrite a Success: leave it to the Success branch.
+        return transfer_succeeded(order.rid, room)
     elif order.dry_run:
-        result = "would_flip"
+        result, levers = "would_flip", list(capabilities.levers)
     else:
         reason = DEFAULT_REASON if order.reason is None else f"{DEFAULT_REASON}: {order.reason}"
-        pull_lever(sender)
+        levers = _pull(sender, room, capabilities.levers, order.rid)
         _record_failure(sender, room, reason)
         result = "flipped"
-        logger.warning("rid=%s bootstrap_room=%s %s (lever %s)", order.rid, room, reason, lever)
+        logger.warning("rid=%s bootstrap_room=%s %s (levers %s)", order.rid, room, reason, ",".join(levers))
     return Outcome(
         200,
-        {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": lever, "applied_unix": time.time()},
+        {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": lever_name(sender),
+         "levers": levers, "applied_unix": time.time()},
     )
+
+
+def is_health_check(rid, room, host):
+    """SGLang's health checks (rid prefix) and warm-ups (fake host or room 0 without the prefix)."""
+    return room == 0 or host == FAKE_BOOTSTRAP_HOST or (isinstance(rid, str) and rid.startswith("HEALTH_CHECK"))
+
+
+def _pull(sender, room, levers, rid):
+    """Pulls the levers in order: abort() as Scheduler.abort_request does, then the NIXL flip."""
+    pulled = []
+    for lever in levers:
+        if lever == ABORT:
+            try:
+                sender.abort()
+            except Exception:
+                # The flip that may follow still releases the request; say which lever failed.
+                logger.exception("rid=%s bootstrap_room=%s: the sender's abort() raised", rid, room)
+                continue
+        else:
+            sender._send_failed = True
+        pulled.append(lever)
+    if not pulled:
+        raise RuntimeError("no lever could be pulled")
+    return pulled
+
+
+def _levers_set(sender, room, levers):
+    found = []
+    for lever in levers:
+        if lever == SEND_FAILED:
+            if getattr(sender, "_send_failed", False) is True:
+                found.append(lever)
+        elif as_poll_code(getattr(sender, "conclude_state", None)) == FAILED or _status(sender, room) == FAILED:
+            found.append(lever)
+    return found
+
+
+def _status(sender, room):
+    check_status = getattr(getattr(sender, "kv_mgr", None), "check_status", None)
+    if check_status is None:
+        return UNKNOWN
+    try:
+        return as_poll_code(check_status(room))
+    except Exception:
+        return UNKNOWN
 
 
 def _record_failure(sender, room, reason):
     # Backends that keep failure records surface the reason in SGLang's own
-    # "Prefill transfer failed ... with exception ..." log line.
+    # "Prefill transfer failed ... with exception ..." log line; this replaces
+    # abort()'s "Aborted by AbortReq.".
     record = getattr(getattr(sender, "kv_mgr", None), "record_failure", None)
     if record is None:
         return
     try:
         record(room, reason)
     except Exception:
-        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the lever is set anyway", room)
+        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the levers are pulled anyway", room)
+
+
+def health_check(rid, room):
+    return Outcome(
+        409,
+        {"result": "health_check", "rid": rid, "bootstrap_room": room,
+         "error": f"rid {rid!r} is an SGLang health check or warm-up request (fake bootstrap host or room 0); "
+                  "it is never force-failed"},
+    )
+
+
+def transfer_succeeded(rid, room):
+    return Outcome(
+        409,
+        {"result": "transfer_succeeded", "rid": rid, "bootstrap_room": room,
+         "error": f"the KV transfer of bootstrap_room {room} succeeded; nothing was changed and the scheduler's "
+                  "Success branch releases the request on its next pass"},
+    )
+
+
+def unsupported(rid, note):
+    return Outcome(
+        501,
+        {"result": "unsupported", "rid": rid,
+         "error": f"no lever releases a request on this SGLang version and backend, so nothing was changed: {note}"},
+    )
 
 
 def not_found(rid):

@@ -1,4 +1,4 @@
-"""HTTP listener: GET /healthz, GET /debug/inflight, POST /admin/force_fail.
+"""HTTP listener: GET /healthz, GET /debug/inflight, POST /admin/force_fail, POST /admin/restart.
 
 The contract is docs/plugin-api.md, including its "Project clarifications".
 Handlers run on the listener's own threads and only read the Monitor's
@@ -15,13 +15,14 @@ import hmac
 import io
 import json
 import logging
+import os
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from .orders import bad_request, unauthorized
+from .orders import Outcome, bad_request, unauthorized
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
@@ -36,6 +37,7 @@ REQUEST_DEADLINE_S = 10.0
 # Socket timeout of each read and of each write of the answer.
 IO_TIMEOUT_S = 10.0
 _REFUSAL_LOG_INTERVAL_S = 60.0
+_ADMIN_PATHS = ("/admin/force_fail", "/admin/restart")
 
 
 def _busy_response(limit):
@@ -179,36 +181,67 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, deadline, self.timeout))
 
     def do_GET(self):
+        self._answer(self._get)
+
+    def do_POST(self):
+        self._answer(self._post)
+
+    def _answer(self, handle):
+        # Whatever escapes a handler gets a 500 answer, not a dropped connection.
+        try:
+            handle()
+        except (OSError, TimeoutError):
+            raise  # the connection itself failed: nothing can be answered on it
+        except Exception:
+            logger.exception("sglang-watchdog plugin: %s %s failed", self.command, self.path)
+            if not self._answered:
+                self.close_connection = True
+                self._send_json(500, {"result": "internal_error", "error": "the plugin failed; see the scheduler log"})
+
+    def _get(self):
         path = urlsplit(self.path).path
         if path == "/healthz":
             self._send(200, b"ok", "text/plain; charset=utf-8")
         elif path == "/debug/inflight":
             self._send_json(200, self.monitor.listing())
-        elif path == "/admin/force_fail":
-            self._send_json(405, {"error": "use POST for /admin/force_fail"})
+        elif path in _ADMIN_PATHS:
+            self._send_json(405, {"error": f"use POST for {path}"})
         else:
             self._send_json(404, {"error": f"no endpoint at {path}"})
 
-    def do_POST(self):
+    def _post(self):
         path = urlsplit(self.path).path
-        if path != "/admin/force_fail":
+        if path not in _ADMIN_PATHS:
             self._send_json(404, {"error": f"no endpoint at {path}"})
             self._drain(self._content_length() or 0)
             return
         length = self._content_length()
-        outcome = self._refusal() or self._body_problem(length)
+        outcome = self._refusal(path) or self._body_problem(length)
         if outcome is not None:
-            self._send_json(outcome.status, outcome.body)
+            self._send_json(outcome.status, self._for_path(path, outcome.body))
             self._drain(length or 0)
             return
-        outcome = self._force_fail(self.rfile.read(length))
-        self._send_json(outcome.status, outcome.body)
+        payload = _json_object(self.rfile.read(length))
+        if isinstance(payload, Outcome):
+            self._send_json(payload.status, self._for_path(path, payload.body))
+        elif path == "/admin/force_fail":
+            outcome = self._force_fail(payload)
+            self._send_json(outcome.status, outcome.body)
+        else:
+            self._restart(payload)
 
-    def _refusal(self):
+    @staticmethod
+    def _for_path(path, body):
+        # Every answer of /admin/restart names this process.
+        return {**body, "pid": os.getpid()} if path == "/admin/restart" else body
+
+    def _refusal(self, path):
         config = self.config
         if not config.admin_allowed:
             return unauthorized("/admin/* is disabled on this listener: it needs a usable token off loopback")
         if config.token is None:
+            if path == "/admin/restart":
+                return unauthorized("/admin/restart needs a token: set SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE")
             return None
         scheme, _, credentials = self.headers.get("Authorization", "").partition(" ")
         try:
@@ -229,13 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             return bad_request(f"body larger than {MAX_BODY_BYTES} bytes")
         return None
 
-    def _force_fail(self, body):
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return bad_request("body is not valid JSON")
-        if not isinstance(payload, dict):
-            return bad_request("body must be a JSON object")
+    def _force_fail(self, payload):
         rid = payload.get("rid")
         if not isinstance(rid, str) or not rid:
             return bad_request("rid must be a non-empty string")
@@ -249,6 +276,34 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(reason, str) or not reason.strip():
             reason = None
         return self.monitor.force_fail(rid, room, reason, dry_run)
+
+    def _restart(self, payload):
+        monitor = self.monitor
+        pid = payload.get("pid")
+        dry_run = payload.get("dry_run", False)
+        reason = payload.get("reason")
+        if not (_is_int(pid) and pid > 0):
+            outcome = bad_request("pid must be a positive integer: the pid of the process to restart")
+        elif not isinstance(dry_run, bool):
+            outcome = bad_request("dry_run must be a boolean")
+        elif not self.config.allow_restart:
+            outcome = Outcome(403, {"result": "restart_disabled", "pid": os.getpid(),
+                                    "error": "restarts are not allowed in this process; the operator enables them "
+                                             "with SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1"})
+        else:
+            outcome = monitor.restart(pid, dry_run)
+        self.close_connection = outcome.status == 202
+        self._send_json(outcome.status, self._for_path("/admin/restart", outcome.body))
+        if outcome.status != 202:
+            return
+        self.wfile.flush()
+        try:
+            self.connection.shutdown(socket.SHUT_WR)  # the client sees the whole answer before the process ends
+        except OSError:
+            pass
+        reason = reason if isinstance(reason, str) and reason.strip() else None
+        threading.Thread(target=monitor.end_process, args=(reason,), name="sglang-watchdog-plugin-restart",
+                         daemon=True).start()
 
     def _content_length(self):
         try:
@@ -270,10 +325,13 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             self.close_connection = True
 
+    _answered = False
+
     def _send_json(self, status, payload):
         self._send(status, json.dumps(payload, separators=(",", ":")).encode(), "application/json")
 
     def _send(self, status, body, content_type):
+        self._answered = True
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -308,6 +366,18 @@ class _DeadlineReader(io.RawIOBase):
             return self._sock.recv_into(buffer)
         finally:
             self._sock.settimeout(self._io_timeout)  # for writing the answer
+
+
+def _json_object(body):
+    """The body as a dict, or the 400 Outcome that says why not."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: brackets nested deeper than the parser's stack.
+        return bad_request("body is not valid JSON")
+    if not isinstance(payload, dict):
+        return bad_request("body must be a JSON object")
+    return payload
 
 
 def _is_int(value):

@@ -14,6 +14,7 @@ from . import standins
 # The .pth path patches SGLang's mixin the same way.
 hook.install(standins.PrefillMixin)
 hook.install(standins.OldPrefillMixin)
+hook.install(standins.EarlyPrefillMixin)
 
 
 def plugin_env(**overrides):
@@ -78,11 +79,14 @@ class Client:
         return status, json.loads(body)
 
     def force_fail(self, payload, token=None, raw=None):
+        return self.post_json("/admin/force_fail", payload, token, raw)
+
+    def post_json(self, path, payload, token=None, raw=None):
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         body = raw if raw is not None else json.dumps(payload).encode()
-        status, _, answer = self.request("POST", "/admin/force_fail", body=body, headers=headers)
+        status, _, answer = self.request("POST", path, body=body, headers=headers)
         return status, json.loads(answer)
 
 

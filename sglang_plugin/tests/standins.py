@@ -1,14 +1,19 @@
 """Structural stand-ins for the parts of SGLang the plugin touches.
 
 They copy the shapes and behaviour described in /work/shared/sglang-facts.md
-(sections 3 and 8): KVPoll, the NIXL / Mooncake / Fake senders, Req with
-time_stats, both scheduler layouts (``ps`` object vs plain attributes) and
-both method signatures, and the inflight pass with its Success and Failed
-release branches. The lever attributes are properties that record the thread
+(sections 3, 8 and 10): KVPoll; the newest NIXL sender and manager
+(``_send_failed``, ``_staging_outstanding``, queues keyed by destination
+ports), the mid-2025 NIXL pair (no ``_send_failed``, a max()-only
+update_status, a poll() that ignores conclude_state), Mooncake and fake
+senders with their abort(); Req with time_stats; both scheduler layouts
+(``ps`` object vs plain attributes) and three eras of the inflight pass
+(newest, v0.4/v0.5, and the earliest whose Failed branch raises); and PP
+stages that release a request only once every stage reports it terminal. The lever attributes are properties that record the thread
 of every write, so tests can prove that only the scheduler thread changes
 them.
 """
 
+import collections
 import threading
 import time
 
@@ -24,28 +29,107 @@ class KVPoll:
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 
 
-class KVManager:
-    """CommonKVManager: check_status raises KeyError for unknown rooms."""
+class TransferInfo:
+    """What decode registers per destination (nixl/conn.py TransferInfo, trimmed)."""
 
-    def __init__(self):
+    def __init__(self, endpoint, dst_port):
+        self.endpoint = endpoint
+        self.dst_port = dst_port
+
+
+class KVManager:
+    """CommonKVManager (newest) with Mooncake's transfer queues.
+
+    check_status raises KeyError for unknown rooms; update_status does not
+    resurrect a cleared room with Failed, lets Failed override any status,
+    and merges the others with max(). Chunks are sharded over the transfer
+    queues by the sum of the destination session ports, and counted per room
+    in ``_staging_outstanding`` until a worker settles them.
+    """
+
+    def __init__(self, queues=4):
         self.request_status = {}
         self.failure_records = {}
+        self.transfer_infos = {}
+        self.transfer_queues = [[] for _ in range(queues)]
+        self._staging_outstanding = collections.defaultdict(int)
 
     def check_status(self, room):
         return self.request_status[room]
 
     def update_status(self, room, status):
-        self.request_status[room] = status
+        if room not in self.request_status:
+            if status == KVPoll.Failed:
+                return  # do not resurrect a cleared entry with Failed
+            self.request_status[room] = status
+        elif status == KVPoll.Failed:
+            self.request_status[room] = status
+        else:
+            self.request_status[room] = max(self.request_status[room], status)
 
     def record_failure(self, room, reason):
         self.failure_records[room] = reason
 
+    def register_destinations(self, room, ports, host="10.0.0.9"):
+        self.transfer_infos[room] = {f"{host}:{port}": TransferInfo(host, port) for port in ports}
+
+    def add_transfer_request(self, bootstrap_room, is_last=False):
+        dst_infos = self.transfer_infos[bootstrap_room].keys()
+        session_port_sum = sum(int(session.rsplit(":", 1)[1]) for session in dst_infos)
+        shard_idx = session_port_sum % len(self.transfer_queues)
+        self._enqueue(shard_idx, bootstrap_room)
+        return shard_idx
+
+    def _enqueue(self, shard_idx, room):
+        self._staging_outstanding[room] += 1
+        self.transfer_queues[shard_idx].append(room)
+
+    def settle(self, room):
+        """A transfer worker finished one chunk of the room (its handle reached DONE or ERR)."""
+        self._staging_outstanding[room] -= 1
+        if self._staging_outstanding[room] <= 0:
+            del self._staging_outstanding[room]
+        for queue in self.transfer_queues:
+            if room in queue:
+                queue.remove(room)
+                break
+
 
 class NewestNixlKVManager(KVManager):
-    """Newest NIXL manager: unknown or cleared rooms read as WaitingForInput."""
+    """Newest NIXL manager: unknown or cleared rooms read as WaitingForInput; chunks go to the
+    queue picked by the sum of the destination decode ports."""
 
     def check_status(self, room):
         return self.request_status.get(room, KVPoll.WaitingForInput)
+
+    def register_destinations(self, room, ports, host="10.0.0.9"):
+        self.transfer_infos[room] = {f"agent-{port}": TransferInfo(host, port) for port in ports}
+
+    def add_transfer_request(self, bootstrap_room, is_last=False):
+        session_port_sum = sum(info.dst_port for info in self.transfer_infos[bootstrap_room].values())
+        shard_idx = session_port_sum % len(self.transfer_queues)
+        self._enqueue(shard_idx, bootstrap_room)
+        return shard_idx
+
+
+class Mid2025NixlKVManager:
+    """Mid-2025 NIXL manager: synchronous transfers (no worker queues) and a pure max() update_status,
+    so Failed (0) never overrides an existing status; no failure records."""
+
+    def __init__(self):
+        self.request_status = {}
+
+    def check_status(self, room):
+        return self.request_status[room]
+
+    def update_status(self, room, status):
+        if room not in self.request_status:
+            self.request_status[room] = status
+        else:
+            self.request_status[room] = max(self.request_status[room], status)
+
+    def record_failure(self, room, reason):
+        pass
 
 
 class FakeKVManager:
@@ -63,17 +147,50 @@ class _RecordedWrites:
         setattr(self, name, value)
 
 
-class NixlKVSender(_RecordedWrites):
-    def __init__(self, mgr, bootstrap_room, status=KVPoll.Transferring, chunk_id=0):
+class CommonKVSender(_RecordedWrites):
+    """CommonKVSender: conclude_state, and the abort() that Scheduler.abort_request calls."""
+
+    def __init__(self, mgr, bootstrap_room):
         super().__init__()
         self.kv_mgr = mgr
         self.bootstrap_room = bootstrap_room
+        self.__conclude_state = None
+
+    @property
+    def conclude_state(self):
+        return self.__conclude_state
+
+    @conclude_state.setter
+    def conclude_state(self, value):
+        self._recorded("_CommonKVSender__conclude_state", value)
+
+    def abort(self):
+        self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+
+    def _enter(self, status):
+        # The real constructor registers the room as Bootstrapping; the
+        # stand-in then moves it straight to the status a test asks for.
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Bootstrapping)
+        self.kv_mgr.update_status(self.bootstrap_room, status)
+
+    def _cache_conclusion(self, status):
+        self.__conclude_state = status  # poll()'s own caching is not a lever write
+
+
+class NixlKVSender(CommonKVSender):
+    """Newest NIXL sender: poll() reads _send_failed, then the manager's status; never conclude_state."""
+
+    def __init__(self, mgr, bootstrap_room, status=KVPoll.Transferring, chunk_id=0, dst_ports=(17000,)):
+        super().__init__(mgr, bootstrap_room)
         self.__send_failed = False
         self.chunk_id = chunk_id
         self.curr_idx = chunk_id * 16
         self.has_sent = True
-        self.conclude_state = None  # inherited from CommonKVSender, ignored by poll()
-        mgr.update_status(bootstrap_room, status)
+        if hasattr(mgr, "register_destinations"):
+            mgr.register_destinations(bootstrap_room, dst_ports)
+        self._enter(status)
 
     @property
     def _send_failed(self):
@@ -92,22 +209,35 @@ class NixlKVSender(_RecordedWrites):
         raise RuntimeError("NIXL KVSender Exception")
 
 
-class MooncakeKVSender(_RecordedWrites):
-    def __init__(self, mgr, bootstrap_room, status=KVPoll.Transferring, curr_idx=0):
-        super().__init__()
-        self.kv_mgr = mgr
-        self.bootstrap_room = bootstrap_room
-        self.__conclude_state = None
+class Mid2025NixlKVSender(CommonKVSender):
+    """Mid-2025 NIXL sender: no _send_failed; poll() reads the manager's status until the last chunk
+    was sent, then only the transfer handles, and ignores conclude_state. abort() is CommonKVSender's."""
+
+    def __init__(self, mgr, bootstrap_room, status=KVPoll.Transferring, chunk_id=0):
+        super().__init__(mgr, bootstrap_room)
+        self.chunk_id = chunk_id
+        self.has_sent = False
+        self.xfer_states = []  # "PROC", "DONE" or "ERR" per handle
+        self._enter(status)
+
+    def poll(self):
+        if not self.has_sent:
+            return self.kv_mgr.check_status(self.bootstrap_room)
+        if all(state == "DONE" for state in self.xfer_states):
+            return KVPoll.Success
+        return KVPoll.WaitingForInput
+
+    def failure_exception(self):
+        raise RuntimeError("NIXL KVSender Exception")
+
+
+class MooncakeKVSender(CommonKVSender):
+    def __init__(self, mgr, bootstrap_room, status=KVPoll.Transferring, curr_idx=0, dst_ports=(17000,)):
+        super().__init__(mgr, bootstrap_room)
         self.curr_idx = curr_idx
-        mgr.update_status(bootstrap_room, status)
-
-    @property
-    def conclude_state(self):
-        return self.__conclude_state
-
-    @conclude_state.setter
-    def conclude_state(self, value):
-        self._recorded("_MooncakeKVSender__conclude_state", value)
+        if hasattr(mgr, "register_destinations"):
+            mgr.register_destinations(bootstrap_room, dst_ports)
+        self._enter(status)
 
     def poll(self):
         # Caches terminal states like the real sender; this side effect is why
@@ -115,37 +245,34 @@ class MooncakeKVSender(_RecordedWrites):
         if self.conclude_state is None:
             status = self.kv_mgr.check_status(self.bootstrap_room)
             if status in (KVPoll.Success, KVPoll.Failed):
-                self.__conclude_state = status
+                self._cache_conclusion(status)
             return status
         return self.conclude_state
+
+    def abort(self):
+        self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")
+        self.conclude_state = KVPoll.Failed
 
     def failure_exception(self):
         reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, "Failed due to an unknown reason")
         raise RuntimeError(f"KVTransferError(bootstrap_room={self.bootstrap_room}): {reason}")
 
 
-class FakeKVSender(_RecordedWrites):
+class FakeKVSender(CommonKVSender):
     def __init__(self, mgr, has_sent=False):
-        super().__init__()
-        self.kv_mgr = mgr
+        super().__init__(mgr, 0)
         self.has_sent = has_sent
-        self.__conclude_state = None
-
-    @property
-    def conclude_state(self):
-        return self.__conclude_state
-
-    @conclude_state.setter
-    def conclude_state(self, value):
-        self._recorded("_FakeKVSender__conclude_state", value)
 
     def poll(self):
         if self.conclude_state is not None:
             return self.conclude_state
         if not self.has_sent:
             return KVPoll.WaitingForInput
-        self.__conclude_state = KVPoll.Success
+        self._cache_conclusion(KVPoll.Success)
         return KVPoll.Success
+
+    def abort(self):
+        self.conclude_state = KVPoll.Failed
 
     def failure_exception(self):
         raise RuntimeError("Fake KVSender Exception")
@@ -169,31 +296,36 @@ class Req:
 
 
 class BootstrapQueue:
-    def __init__(self):
+    def __init__(self, kv_manager=None):
         self.queue = []
+        self.kv_manager = kv_manager
 
 
 class _PrefillPass:
-    """The body of SGLang's process_disagg_prefill_inflight_queue."""
+    """What every era's inflight pass shares; the poll branches stay inline in each era's method,
+    where the plugin reads them."""
 
-    def _inflight_pass(self):
-        undone, done = [], []
-        for req in self.disagg_prefill_inflight_queue:
-            poll = _poll(req)
-            if poll in (KVPoll.WaitingForInput, KVPoll.Transferring):
-                undone.append(req)
-            elif poll == KVPoll.Success:
-                req.finished_reason = "length"
-                done.append(req)
-            elif poll == KVPoll.Failed:
-                try:
-                    req.disagg_kv_sender.failure_exception()
-                except Exception as e:
-                    req.finished_reason = f"Prefill transfer failed for request {req.rid=} with exception {e}"
-                done.append(req)
-                self.num_transfer_failed_reqs += 1
-            else:
-                undone.append(req)
+    pp_group = None
+
+    def _polls(self):
+        return [_poll(req) for req in self.disagg_prefill_inflight_queue]
+
+    def _release_allowed(self, polls):
+        """PP: the rids every stage reports terminal; None without PP."""
+        if self.pp_group is None:
+            return None
+        terminal = {req.rid for req, poll in zip(self.disagg_prefill_inflight_queue, polls)
+                    if poll in (KVPoll.Success, KVPoll.Failed)}
+        return self.pp_group.agree(self.pp_rank_of_stage, terminal)
+
+    def _release_failed(self, req):
+        try:
+            req.disagg_kv_sender.failure_exception()
+        except Exception as e:
+            req.finished_reason = f"Prefill transfer failed for request {req.rid=} with exception {e}"
+        self.num_transfer_failed_reqs += 1
+
+    def _finish(self, undone, done):
         self.released.extend(done)
         self.disagg_prefill_inflight_queue = undone
         return done
@@ -215,7 +347,23 @@ class PrefillMixin(_PrefillPass):
     def process_disagg_prefill_inflight_queue(self, rids_to_check=None):
         if len(self.disagg_prefill_inflight_queue) == 0:
             return []
-        return self._inflight_pass()
+        polls = self._polls()
+        allowed = self._release_allowed(polls)
+        undone, done = [], []
+        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):
+            if allowed is not None and req.rid not in allowed:
+                undone.append(req)  # PP: not every stage reports it terminal yet
+            elif poll in (KVPoll.WaitingForInput, KVPoll.Transferring):
+                undone.append(req)
+            elif poll == KVPoll.Success:
+                req.finished_reason = "length"
+                done.append(req)
+            elif poll == KVPoll.Failed:
+                self._release_failed(req)
+                done.append(req)
+            else:
+                undone.append(req)
+        return self._finish(undone, done)
 
 
 class OldPrefillMixin(_PrefillPass):
@@ -223,7 +371,56 @@ class OldPrefillMixin(_PrefillPass):
 
     def process_disagg_prefill_inflight_queue(self):
         assert len(self.disagg_prefill_inflight_queue) > 0
-        self._inflight_pass()
+        undone, done = [], []
+        for req, poll in zip(self.disagg_prefill_inflight_queue, self._polls()):
+            if poll in (KVPoll.WaitingForInput, KVPoll.Transferring):
+                undone.append(req)
+            elif poll == KVPoll.Success:
+                req.finished_reason = "length"
+                done.append(req)
+            elif poll == KVPoll.Failed:
+                self._release_failed(req)
+                done.append(req)
+            else:
+                undone.append(req)  # v0.5: "Unexpected polling state ... treating as undone"
+        self._finish(undone, done)
+
+
+class EarlyPrefillMixin(_PrefillPass):
+    """The earliest shape (about v0.4.5): the Failed branch raises and would crash the scheduler."""
+
+    def process_disagg_prefill_inflight_queue(self):
+        assert len(self.disagg_prefill_inflight_queue) > 0
+        undone, done = [], []
+        for req, poll in zip(self.disagg_prefill_inflight_queue, self._polls()):
+            if poll in (KVPoll.WaitingForInput, KVPoll.Transferring):
+                undone.append(req)
+            elif poll == KVPoll.Success:
+                req.finished_reason = "length"
+                done.append(req)
+            elif poll == KVPoll.Failed:
+                raise Exception("Transferring failed")
+        self._finish(undone, done)
+
+
+class PPGroup:
+    """The stages of one DP rank agreeing on which requests to release.
+
+    Like event_loop_pp_disagg_prefill: each stage reports the rids it polls
+    terminal; a rid is released, on every stage, once all stages have
+    reported it terminal (the intersection circulates as rids_to_check).
+    """
+
+    def __init__(self, size):
+        self._terminal = [set() for _ in range(size)]
+        self._agreed = set()
+        self._lock = threading.Lock()
+
+    def agree(self, stage, terminal):
+        with self._lock:
+            self._terminal[stage] = set(terminal)
+            self._agreed |= set.intersection(*self._terminal)
+            return set(self._agreed)
 
 
 class ServerArgs:
@@ -271,6 +468,26 @@ class OldScheduler(OldPrefillMixin, _SchedulerState):
         self.pp_rank = pp_rank
         self.pp_size = pp_size
         self.attn_tp_rank = attn_tp_rank
+
+
+class EarlyScheduler(EarlyPrefillMixin, _SchedulerState):
+    """The earliest era: plain rank attributes, Failed branch raises."""
+
+    def __init__(self, mode="prefill", backend="nixl", tp_rank=0, dp_rank=None, pp_rank=0, pp_size=1):
+        _SchedulerState.__init__(self, mode, backend)
+        self.tp_rank = tp_rank
+        self.dp_rank = dp_rank
+        self.pp_rank = pp_rank
+        self.pp_size = pp_size
+
+
+class PPStageScheduler(NewScheduler):
+    """One PP stage of a DP rank: its own queue and senders, releases agreed with the other stages."""
+
+    def __init__(self, group, pp_rank, pp_size=2, backend="nixl", dp_rank=0):
+        super().__init__(backend=backend, dp_rank=dp_rank, pp_rank=pp_rank, pp_size=pp_size)
+        self.pp_group = group
+        self.pp_rank_of_stage = pp_rank
 
 
 class SchedulerLoop:

@@ -37,6 +37,7 @@ class ForceFailTest(unittest.TestCase):
         self.assertEqual(body["rid"], "nixl-1")
         self.assertEqual(body["bootstrap_room"], NIXL_ROOM)
         self.assertEqual(body["lever"], "_send_failed")
+        self.assertEqual(body["levers"], ["abort", "_send_failed"])
         self.assertAlmostEqual(body["applied_unix"], time.time(), delta=5)
         self.assertIn("stuck 812s", self.mgr.failure_records[NIXL_ROOM])
 
@@ -44,23 +45,32 @@ class ForceFailTest(unittest.TestCase):
         self.assertNotIn("nixl-1", self.rids())
         self.assertEqual(self.scheduler.released[0].rid, "nixl-1")
 
-    def test_flip_mooncake_and_fake_use_conclude_state(self):
+    def test_flip_mooncake_pulls_abort(self):
         status, body = self.client.force_fail({"rid": "mooncake-1"})
-        self.assertEqual((status, body["result"], body["lever"]), (200, "flipped", "conclude_state"))
+        self.assertEqual((status, body["result"], body["lever"], body["levers"]),
+                         (200, "flipped", "conclude_state", ["abort"]))
         self.assertEqual(body["bootstrap_room"], MOONCAKE_ROOM)
         self.assertEqual(self.mooncake.conclude_state, KVPoll.Failed)
-        # The plugin does not single out health checks; the watchdog never asks for them.
-        status, body = self.client.force_fail({"rid": "HEALTH_CHECK_1.0", "bootstrap_room": 0})
-        self.assertEqual((status, body["result"], body["lever"]), (200, "flipped", "conclude_state"))
-        harness.wait_until(lambda: self.scheduler.num_transfer_failed_reqs == 2)
-        self.assertEqual(self.rids(), ["nixl-1"])
+        harness.wait_until(lambda: self.scheduler.num_transfer_failed_reqs == 1)
+        self.assertEqual(self.rids(), ["nixl-1", "HEALTH_CHECK_1.0"])
+
+    def test_health_check_is_refused_at_once_and_untouched(self):
+        for dry_run in (False, True):
+            status, body = self.client.force_fail({"rid": "HEALTH_CHECK_1.0", "bootstrap_room": 0, "dry_run": dry_run})
+            self.assertEqual((status, body["result"], body["rid"], body["bootstrap_room"]),
+                             (409, "health_check", "HEALTH_CHECK_1.0", 0))
+            self.assertIn("error", body)
+        self.loop.wait_passes(3)
+        self.assertEqual(self.fake.write_threads, [])
+        self.assertIn("HEALTH_CHECK_1.0", self.rids())
 
     def test_levers_are_set_only_on_the_scheduler_thread(self):
-        for rid in ("nixl-1", "mooncake-1", "HEALTH_CHECK_1.0"):
+        for rid in ("nixl-1", "mooncake-1"):
             self.assertEqual(self.client.force_fail({"rid": rid})[0], 200)
         loop_thread = self.loop.thread.ident
-        for sender in (self.nixl, self.mooncake, self.fake):
-            self.assertEqual(sender.write_threads, [loop_thread])
+        # NIXL: abort() sets conclude_state, then the flip; Mooncake: abort() sets conclude_state.
+        self.assertEqual(self.nixl.write_threads, [loop_thread, loop_thread])
+        self.assertEqual(self.mooncake.write_threads, [loop_thread])
         self.assertNotEqual(loop_thread, threading.get_ident())
 
     def test_dry_run_changes_nothing(self):
@@ -68,6 +78,7 @@ class ForceFailTest(unittest.TestCase):
         self.assertEqual(status, 200)
         self.assertEqual(body["result"], "would_flip")
         self.assertEqual(body["lever"], "_send_failed")
+        self.assertEqual(body["levers"], ["abort", "_send_failed"])
         self.assertIn("applied_unix", body)
         self.loop.wait_passes(5)
         self.assertFalse(self.nixl._send_failed)

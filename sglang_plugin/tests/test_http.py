@@ -100,6 +100,52 @@ class OpenListenerTest(HttpTest):
         self.assertEqual((status, body["result"]), (200, "would_flip"))
 
 
+class HardeningTest(HttpTest):
+    def test_deeply_nested_json_is_a_bad_request(self):
+        # 12.12: a RecursionError in the parser used to drop the connection.
+        for raw in (b"[" * 65000, b'{"rid": ' + b"[" * 60000 + b"]" * 60000 + b"}"):
+            status, body = self.client.force_fail(None, raw=raw)
+            self.assertEqual((status, body["result"]), (400, "bad_request"))
+        self.assertEqual(self.client.request("GET", "/healthz")[0], 200)
+        self.assertEqual(self.sender.write_threads, [])
+
+    def test_a_failing_handler_answers_500_and_the_listener_lives_on(self):
+        with mock.patch.object(self.monitor, "listing", side_effect=RuntimeError("boom")), \
+                self.assertLogs("sglang_watchdog_plugin", "ERROR"):
+            status, content_type, body = self.client.request("GET", "/debug/inflight")
+        self.assertEqual((status, content_type, json.loads(body)["result"]), (500, "application/json", "internal_error"))
+        with mock.patch.object(self.monitor, "force_fail", side_effect=RuntimeError("boom")), \
+                self.assertLogs("sglang_watchdog_plugin", "ERROR"):
+            status, body = self.client.force_fail({"rid": "r1"})
+        self.assertEqual((status, body["result"]), (500, "internal_error"))
+        self.assertEqual(self.client.get_json()[0], 200)
+
+
+class TokenFileTest(unittest.TestCase):
+    def token_file(self, content):
+        fd, path = tempfile.mkstemp()
+        os.write(fd, content)
+        os.close(fd)
+        self.addCleanup(os.unlink, path)
+        return path
+
+    def test_tokens_with_whitespace_or_control_characters_inside_are_refused(self):
+        # 12.13: "SeCrEt\nTok-987" used to be accepted as one token.
+        for content in (b"SeCrEt\nTok-987\n", b"SeCrEt Tok-987", b"SeCrEt\tTok", b"SeCrEt\rTok\n", b"a\x00b",
+                        b"a\x7fb", b"Bearer SeCrEt"):
+            with mock.patch.dict(os.environ, {"SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": self.token_file(content)}), \
+                    self.assertLogs("sglang_watchdog_plugin", "ERROR") as logs:
+                config = Config.from_env()
+            self.assertEqual((config.token, config.token_unusable, config.admin_allowed), (None, True, False), content)
+            self.assertIn("whitespace or a control character", logs.output[0])
+
+    def test_surrounding_whitespace_and_the_trailing_newline_are_stripped(self):
+        for content in (b"SeCrEt-Tok-987\n", b"  SeCrEt-Tok-987\r\n", b"SeCrEt-Tok-987"):
+            with mock.patch.dict(os.environ, {"SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": self.token_file(content)}):
+                config = Config.from_env()
+            self.assertEqual((config.token, config.token_unusable), (b"SeCrEt-Tok-987", False))
+
+
 class TokenTest(HttpTest):
     token = "s3cr3t-t0ken"
 

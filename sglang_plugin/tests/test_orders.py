@@ -1,7 +1,7 @@
 import threading
 import unittest
 
-from sglang_watchdog_plugin import observe, orders
+from sglang_watchdog_plugin import capabilities, observe, orders
 
 from . import standins
 from .standins import KVPoll
@@ -11,6 +11,14 @@ def order(rid, room=None, dry_run=False):
     return orders.ForceFailOrder(rid, room, "test", dry_run)
 
 
+def levers_of(sender):
+    return capabilities.detect(type(sender), type(sender.kv_mgr), "")
+
+
+def apply(o, queue):
+    return orders.apply_order(o, queue, levers_of)
+
+
 class ApplyOrderTest(unittest.TestCase):
     def setUp(self):
         self.mgr = standins.KVManager()
@@ -18,36 +26,82 @@ class ApplyOrderTest(unittest.TestCase):
     def test_already_failed_when_the_lever_is_set(self):
         sender = standins.NixlKVSender(self.mgr, 1)
         sender._send_failed = True
-        outcome = orders.apply_order(order("a"), [standins.Req("a", 1, sender)])
-        self.assertEqual((outcome.status, outcome.body["result"], outcome.body["lever"]),
-                         (200, "already_failed", "_send_failed"))
+        outcome = apply(order("a"), [standins.Req("a", 1, sender)])
+        self.assertEqual((outcome.status, outcome.body["result"], outcome.body["lever"], outcome.body["levers"]),
+                         (200, "already_failed", "_send_failed", ["_send_failed"]))
 
     def test_already_failed_when_the_last_poll_failed(self):
         sender = standins.MooncakeKVSender(self.mgr, 2, status=KVPoll.Failed)
-        outcome = orders.apply_order(order("b", 2, dry_run=True), [standins.Req("b", 2, sender)])
-        self.assertEqual((outcome.body["result"], outcome.body["lever"]), ("already_failed", "conclude_state"))
+        outcome = apply(order("b", 2, dry_run=True), [standins.Req("b", 2, sender)])
+        self.assertEqual((outcome.body["result"], outcome.body["lever"], outcome.body["levers"]),
+                         ("already_failed", "conclude_state", ["abort"]))
         self.assertEqual(sender.write_threads, [])
 
-    def test_nixl_ignores_conclude_state_like_its_poll(self):
-        # abort() sets conclude_state, but NIXL's poll() never reads it: the
-        # request is still stuck and must be flippable.
+    def test_nixl_pulls_abort_then_the_flip(self):
+        # abort() alone sets conclude_state, which NIXL's poll() never reads:
+        # the flip is what releases a room whose status entry is gone.
         sender = standins.NixlKVSender(self.mgr, 6)
         sender.conclude_state = KVPoll.Failed
         self.assertEqual(observe.observe(sender, 6), (KVPoll.Transferring, 0, False))
-        outcome = orders.apply_order(order("f"), [standins.Req("f", 6, sender)])
-        self.assertEqual((outcome.body["result"], outcome.body["lever"]), ("flipped", "_send_failed"))
+        outcome = apply(order("f"), [standins.Req("f", 6, sender)])
+        self.assertEqual((outcome.body["result"], outcome.body["lever"], outcome.body["levers"]),
+                         ("flipped", "_send_failed", ["abort", "_send_failed"]))
+        self.assertEqual(sender.poll(), KVPoll.Failed)
+        self.assertEqual(self.mgr.request_status[6], KVPoll.Failed)  # what abort() adds: the workers skip it
+
+    def test_flip_works_on_a_room_cleared_from_the_status_table(self):
+        mgr = standins.NewestNixlKVManager()
+        sender = standins.NixlKVSender(mgr, 8)
+        del mgr.request_status[8]  # ABORT before register: update_status(Failed) is a no-op here
+        outcome = apply(order("h"), [standins.Req("h", 8, sender)])
+        self.assertEqual(outcome.body["result"], "flipped")
+        self.assertNotIn(8, mgr.request_status)
         self.assertEqual(sender.poll(), KVPoll.Failed)
 
+    def test_success_is_never_touched(self):
+        for sender in (standins.NixlKVSender(self.mgr, 9, status=KVPoll.Success),
+                       standins.MooncakeKVSender(self.mgr, 10, status=KVPoll.Success)):
+            for dry_run in (False, True):
+                room = sender.bootstrap_room
+                outcome = apply(order("s", room, dry_run=dry_run), [standins.Req("s", room, sender)])
+                self.assertEqual((outcome.status, outcome.body["result"], outcome.body["bootstrap_room"]),
+                                 (409, "transfer_succeeded", room))
+                self.assertEqual(set(outcome.body), {"result", "rid", "bootstrap_room", "error"})
+            self.assertEqual(sender.write_threads, [])
+            self.assertEqual(self.mgr.request_status[sender.bootstrap_room], KVPoll.Success)
+            self.assertNotIn(sender.bootstrap_room, self.mgr.failure_records)
+
+    def test_health_checks_and_warm_ups_are_refused(self):
+        fake = standins.FakeKVSender(standins.FakeKVManager())
+        for req in (standins.Req("HEALTH_CHECK_1.0", 0, fake, host=standins.FAKE_BOOTSTRAP_HOST, port=None),
+                    standins.Req("warmup-1", 0, fake, host=standins.FAKE_BOOTSTRAP_HOST, port=None),
+                    standins.Req("fake-host", 77, fake, host=standins.FAKE_BOOTSTRAP_HOST, port=None),
+                    standins.Req("room-zero", 0, standins.NixlKVSender(self.mgr, 0))):
+            for dry_run in (False, True):
+                outcome = apply(order(req.rid, dry_run=dry_run), [req])
+                self.assertEqual((outcome.status, outcome.body["result"]), (409, "health_check"), req.rid)
+                self.assertEqual(outcome.body["bootstrap_room"], req.bootstrap_room)
+            self.assertEqual(req.disagg_kv_sender.write_threads, [])
+
+    def test_unsupported_changes_nothing(self):
+        mgr = standins.Mid2025NixlKVManager()
+        sender = standins.Mid2025NixlKVSender(mgr, 12)
+        outcome = apply(order("u"), [standins.Req("u", 12, sender)])
+        self.assertEqual((outcome.status, outcome.body["result"]), (501, "unsupported"))
+        self.assertIn("update_status", outcome.body["error"])
+        self.assertEqual(sender.write_threads, [])
+        self.assertEqual(mgr.request_status[12], KVPoll.Transferring)
+
     def test_request_without_sender_is_an_internal_error(self):
-        outcome = orders.apply_order(order("c"), [standins.Req("c", 3, None)])
+        outcome = apply(order("c"), [standins.Req("c", 3, None)])
         self.assertEqual((outcome.status, outcome.body["result"]), (500, "internal_error"))
 
     def test_reason_reaches_the_failure_records(self):
         sender = standins.MooncakeKVSender(self.mgr, 4)
-        outcome = orders.apply_order(orders.ForceFailOrder("d", 4, "pinned 900s", False),
-                                     [standins.Req("d", 4, sender)])
-        self.assertEqual(outcome.body["result"], "flipped")
+        outcome = apply(orders.ForceFailOrder("d", 4, "pinned 900s", False), [standins.Req("d", 4, sender)])
+        self.assertEqual((outcome.body["result"], outcome.body["levers"]), ("flipped", ["abort"]))
         self.assertEqual(self.mgr.failure_records[4], "force-failed by sglang-watchdog: pinned 900s")
+        self.assertEqual(sender.poll(), KVPoll.Failed)
 
     def test_failing_record_failure_still_flips(self):
         class Manager(standins.KVManager):
@@ -56,8 +110,9 @@ class ApplyOrderTest(unittest.TestCase):
 
         sender = standins.NixlKVSender(Manager(), 5)
         with self.assertLogs("sglang_watchdog_plugin", "ERROR"):
-            outcome = orders.apply_order(order("e"), [standins.Req("e", 5, sender)])
-        self.assertEqual(outcome.body["result"], "flipped")
+            outcome = apply(order("e"), [standins.Req("e", 5, sender)])
+        # abort() raised inside (its own record_failure): the flip alone still releases the request.
+        self.assertEqual((outcome.body["result"], outcome.body["levers"]), ("flipped", ["_send_failed"]))
         self.assertTrue(sender._send_failed)
 
 
@@ -112,9 +167,9 @@ class ObserveTest(unittest.TestCase):
         sender = standins.FakeKVSender(standins.FakeKVManager(), has_sent=True)
         self.assertEqual(observe.observe(sender, 0), (KVPoll.Success, -1, False))
 
-    def test_mooncake_lever_shows_as_send_failed(self):
+    def test_mooncake_abort_shows_as_send_failed(self):
         sender = standins.MooncakeKVSender(standins.KVManager(), 1, curr_idx=8)
-        observe.pull_lever(sender)
+        sender.abort()
         self.assertEqual(observe.observe(sender, 1), (KVPoll.Failed, 8, True))
 
     def test_observing_never_polls(self):

@@ -42,9 +42,12 @@ app.kubernetes.io/part-of: sglang-pd
 {{- .Values.token.existingSecret | default (printf "%s-plugin-token" (include "sglang-watchdog.fullname" .)) -}}
 {{- end -}}
 
-{{/* The enabled roles, checked: "sglang-watchdog.roles" returns their names
-as a JSON list. */}}
+{{/* The enabled roles, checked (and the sidecar's two ports):
+"sglang-watchdog.roles" returns their names as a JSON list. */}}
 {{- define "sglang-watchdog.roles" -}}
+{{- if eq (int .Values.sidecar.probePort) (int .Values.sidecar.port) -}}
+{{- fail (printf "sidecar.probePort and sidecar.port are both %v; the probe listener needs a port of its own" .Values.sidecar.port) -}}
+{{- end -}}
 {{- $out := list -}}
 {{- range $name, $r := .Values.roles -}}
 {{- if $r.enabled -}}
@@ -95,6 +98,10 @@ imagePullPolicy: {{ $root.Values.image.pullPolicy }}
 restartPolicy: Always
 args:
   - --web.listen-address=:{{ $s.port }}
+  # Probes get a plain-HTTP listener of their own (only /-/healthy and
+  # /-/ready): it keeps answering when --web.config.file adds TLS or basic
+  # auth to the metrics port.
+  - --web.probe-listen-address=:{{ $s.probePort }}
   - --sglang.metrics-url=http://127.0.0.1:{{ $r.sglangPort }}/metrics
 {{- range $i := until $ranks }}
   - --plugin.url=http://127.0.0.1:{{ add (int $r.plugin.basePort) $i }}
@@ -118,17 +125,20 @@ ports:
   - name: metrics
     containerPort: {{ $s.port }}
     protocol: TCP
+  - name: probes
+    containerPort: {{ $s.probePort }}
+    protocol: TCP
 # No readinessProbe, on purpose: a native sidecar's readiness counts toward
 # Pod Ready (docs/deployment.md).
 startupProbe:
   httpGet:
     path: /-/healthy
-    port: metrics
+    port: probes
   {{- toYaml $s.startupProbe | nindent 2 }}
 livenessProbe:
   httpGet:
     path: /-/healthy
-    port: metrics
+    port: probes
   {{- toYaml $s.livenessProbe | nindent 2 }}
 resources:
   {{- toYaml $s.resources | nindent 2 }}

@@ -1,0 +1,283 @@
+// Alerts on the metrics of sglang-watchdog itself (docs/metrics.md), group
+// sglang-watchdog, rendered to alerts/watchdog.rules.yml.
+//
+// Severity: critical pages (a request or a scheduler is stuck now and needs a
+// human or the force-fail lever); warning goes to the ticket queue (the watchdog
+// is blind, or its remedy is not working, or a softer signal needs a look).
+//
+// Labels: rules keep the labels of the series they select. A stuck-request
+// alert therefore carries dp_rank, pp_rank plus the target labels Prometheus
+// adds (instance, job, and namespace/pod under Kubernetes); the watchdog's
+// Alertmanager webhook (--alertmanager.webhook) uses dp_rank and pp_rank to find
+// the rank to act on.
+//
+// runbook_url is added to every alert by alerts.libsonnet.
+local promql = import '../lib/promql.libsonnet';
+local windows = import '../lib/windows.libsonnet';
+
+{
+  prometheusAlerts+:: {
+    local cfg = $._config,
+    local range(w) = windows.range(w, cfg.scrapeInterval),
+    local on(labels) = std.join(', ', [cfg.clusterLabel] + labels),
+    local up = promql.selector('up', [cfg.watchdogSelector]),
+
+    groups+: [{
+      name: 'sglang-watchdog',
+      // The rule file under alerts/ that holds this group.
+      file:: 'watchdog.rules.yml',
+      // Rendered as the file's header comment.
+      header:: |||
+        Alerts on the metrics of sglang-watchdog itself (docs/metrics.md).
+        Load this file when the watchdog runs beside SGLang; load alerts/sglang-raw.rules.yml
+        instead (or as well) when Prometheus only scrapes SGLang's own /metrics.
+
+        Severity: critical pages (a request or a scheduler is stuck now and needs a human or
+        the force-fail lever), warning goes to the ticket queue (the watchdog is blind, or
+        its remedy is not working, or a softer signal that needs a look).
+
+        Job selector: SGLangWatchdogDown and SGLangWatchdogAbsent select %(up)s.
+        Every other rule selects the watchdog's own metric names (sglang_watchdog_*), which
+        nothing else exports. To retarget, render the mixin with your own watchdogSelector
+        (README.md, "Use the mixin") rather than editing this file.
+
+        Windows are derived from a %(scrapeInterval)s scrape (scrapeInterval in the mixin's _config).
+      ||| % { up: up, scrapeInterval: cfg.scrapeInterval },
+      rules: [
+        {
+          alert: 'SGLangWatchdogRequestStuck',
+          // The watchdog already waits --watchdog.deadline (60s) and
+          // --watchdog.stall-window (30s) before it counts a request as stuck;
+          // `for` only rides out one cycle in which auto mode or the webhook
+          // releases it.
+          expr: 'sglang_watchdog_stuck_requests > 0',
+          'for': '1m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'A request is stuck in the SGLang prefill inflight queue.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} request(s) on dp_rank {{ $labels.dp_rank }} pp_rank
+              {{ $labels.pp_rank }} of {{ $labels.instance }} have been in the prefill
+              inflight queue longer than the watchdog deadline with no KV transfer progress
+              while the scheduler loop keeps running. Each one holds KV pages and a client
+              connection until it is force-failed.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogSchedulerWedged',
+          expr: 'sglang_watchdog_scheduler_wedged == 1',
+          'for': '1m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'An SGLang prefill scheduler loop has stopped while requests are queued.',
+            description: promql.oneLine(|||
+              The scheduler loop of dp_rank {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }}
+              on {{ $labels.instance }} has not advanced for the stall window while its
+              inflight queue holds requests. Force-fail cannot work on a wedged rank;
+              the server needs a restart.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogTransferWedged',
+          // transfer_wedged is 1 from the cycle a wedge is diagnosed (a stuck
+          // room with a transfer in flight, or an orphaned transfer on a queue
+          // that does not move) or suspected (older plugin). `for` rides out a
+          // restart escalation (--restart.mode).
+          expr: 'sglang_watchdog_transfer_wedged == 1',
+          'for': '1m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'An SGLang KV transfer worker is wedged; every request queued behind it hangs.',
+            description: promql.oneLine(|||
+              A KV transfer queue of dp_rank {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }}
+              on {{ $labels.instance }} is wedged on a transfer that never completes. Requests
+              bound for the same decode endpoints queue behind it and never finish; force-fail
+              answers their clients but cannot free the worker. Only a restart of the prefill
+              server clears it.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogRestartEscalated',
+          // Every restart escalation is alerted on, whatever its result:
+          // restarted (the plugin ended the server), or refused/failed (the
+          // wedge is still there).
+          expr: 'increase(sglang_watchdog_restarts_total{result!="would_restart"}[%s]) > 0' % range('30m'),
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The watchdog asked the SGLang plugin to restart a server with a wedged transfer worker.',
+            description: promql.oneLine(|||
+              {{ $labels.instance }} escalated a transfer wedge to a restart in the last 30
+              minutes with result {{ $labels.result }} ({{ printf "%.0f" $value }} time(s)).
+              "restarted" means the plugin ended the scheduler so that the orchestrator
+              restarts the server; any other result means the wedge was left in place.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogRankCollision',
+          expr: 'sglang_watchdog_rank_targets > 1',
+          'for': '5m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Several watchdog plugin URLs report the same SGLang rank.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} plugin URLs of {{ $labels.instance }} report dp_rank
+              {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }}. The rank's series add up
+              those targets; another rank is probably not watched at all. Fix --plugin.url
+              or the plugin's port mapping.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogStuckUnactionable',
+          expr: 'sglang_watchdog_stuck_unactionable_requests > 0',
+          'for': '10m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Stuck SGLang requests cannot be force-failed by the watchdog.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} stuck request(s) on dp_rank {{ $labels.dp_rank }} pp_rank
+              {{ $labels.pp_rank }} of {{ $labels.instance }} cannot be force-failed: reason
+              {{ $labels.reason }} (source_down: the plugin listing fails intermittently and the
+              re-read before each call fails; unsupported: no lever works on this SGLang).
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogQueueGaugePinned',
+          // queue_pinned already means "non-zero, unchanged for
+          // --watchdog.pin-window (2m), no progress counter moved". Ranks where
+          // the plugin already reports a stuck request or a wedged loop are left
+          // to those (critical) alerts.
+          expr: |||
+            sglang_watchdog_queue_pinned == 1
+            unless on (%(on)s) (sglang_watchdog_stuck_requests > 0)
+            unless on (%(on)s) (sglang_watchdog_scheduler_wedged == 1)
+          ||| % { on: on(['instance', 'dp_rank', 'pp_rank']) },
+          'for': '5m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'An SGLang PD queue gauge is pinned at a non-zero value with no progress.',
+            description: promql.oneLine(|||
+              SGLang's {{ $labels.queue }} queue gauge on dp_rank {{ $labels.dp_rank }} pp_rank
+              {{ $labels.pp_rank }} tp_rank {{ $labels.tp_rank }} of {{ $labels.instance }}
+              has stayed non-zero and unchanged while no progress counter moved.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogForceFailFailing',
+          expr: 'increase(sglang_watchdog_force_fails_total{result=~"error|rejected|not_found"}[%s]) > 0' % range('10m'),
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: "The watchdog's force-fail calls to the SGLang plugin are failing.",
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} force-fail call(s) ({{ $labels.trigger }} trigger)
+              from {{ $labels.instance }} ended with result {{ $labels.result }} in the
+              last 10 minutes; the stuck requests they targeted may still be held.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogForceFailUnconfirmed',
+          expr: 'increase(sglang_watchdog_force_fails_total{result="unconfirmed"}[%s]) > 0' % range('15m'),
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'A force-failed SGLang request was not seen to be released.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} force-fail(s) ({{ $labels.trigger }} trigger) from
+              {{ $labels.instance }} set the lever but the room did not leave the inflight
+              queue, or sglang:num_transfer_failed_reqs_total did not rise, within the
+              confirm timeout in the last 15 minutes.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogForceFailRateLimited',
+          expr: 'increase(sglang_watchdog_force_fail_skips_total{reason="rate_limited"}[%s]) > 0' % range('15m'),
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Stuck SGLang requests were left in place by the force-fail rate limit.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} stuck request(s) seen by {{ $labels.instance }} were
+              not force-failed in the last 15 minutes because --force-fail.max-per-minute
+              was reached; many rooms are stuck at once.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogRoomLimitHit',
+          expr: 'increase(sglang_watchdog_room_limit_hits_total[%s]) > 0' % range('15m'),
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The watchdog saw more inflight rooms than it may track.',
+            description: promql.oneLine(|||
+              {{ $labels.instance }} read {{ printf "%.0f" $value }} listing(s) in the last
+              15 minutes that held more rooms than --watchdog.max-rooms; the excess rooms
+              are not watched.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogSGLangScrapeFailing',
+          // 10m rides out an SGLang restart (model load) without a ticket.
+          expr: 'sglang_watchdog_scrape_success{source="metrics"} == 0',
+          'for': '10m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: "The watchdog cannot read SGLang's /metrics.",
+            description: promql.oneLine(|||
+              {{ $labels.instance }} has failed to read SGLang's metrics at {{ $labels.target }}
+              for 10 minutes; pinned queue gauges cannot be detected.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogPluginScrapeFailing',
+          expr: 'sglang_watchdog_scrape_success{source="plugin"} == 0',
+          'for': '10m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: "The watchdog cannot read the SGLang plugin's inflight listing.",
+            description: promql.oneLine(|||
+              {{ $labels.instance }} has failed to read the plugin listing at
+              {{ $labels.target }} for 10 minutes; stuck requests and wedged schedulers on
+              that rank cannot be detected or released.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogDown',
+          expr: '%s == 0' % up,
+          'for': '5m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'Prometheus cannot scrape an sglang-watchdog.',
+            description: promql.oneLine(|||
+              The watchdog target {{ $labels.instance }} of job {{ $labels.job }} has been
+              down for 5 minutes; stuck requests on its SGLang server are not being watched.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogAbsent',
+          // Fires when no watchdog target is up at all, including when service
+          // discovery finds none (then SGLangWatchdogDown has nothing to fire on).
+          expr: 'absent(%s == 1)' % up,
+          'for': '10m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'No sglang-watchdog is being scraped successfully.',
+            description: promql.oneLine(|||
+              No target selected by %s has been up for 10 minutes;
+              stuck SGLang requests are not being watched anywhere.
+            ||| % up),
+          },
+        },
+      ],
+    }],
+  },
+}
