@@ -12,6 +12,7 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -105,6 +106,7 @@ func main() {
 // watchOptions are the flags of the watchdog proper, shared by run and demo.
 type watchOptions struct {
 	interval, deadline, stallWindow, pinWindow time.Duration
+	decodeDeadline                             time.Duration
 	maxRooms                                   int
 	mode                                       string
 	maxPerMinute                               int
@@ -114,6 +116,15 @@ type watchOptions struct {
 	failFastPerMinute  int
 	restartMode        string
 	restartMinInterval time.Duration
+}
+
+// decodeOptions say how a decode-side watchdog asks the watchdogs of the
+// prefill peers for their verdicts (docs/decode.md).
+type decodeOptions struct {
+	prefillURL        string
+	prefillNetworks   []string
+	prefillHTTPConfig string
+	prefillTimeout    time.Duration
 }
 
 type options struct {
@@ -134,6 +145,7 @@ type options struct {
 	allowRemote   bool
 
 	watch            watchOptions
+	decode           decodeOptions
 	webhook          bool
 	webhookTokenFile string
 	webhookMatch     []string
@@ -170,7 +182,7 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("sglang.metrics-url", "SGLang's /metrics URL; \""+metricsOff+"\" turns the gauge watch off.").Default("http://127.0.0.1:30000/metrics").StringVar(&o.metricsURL)
 	runCmd.Flag("sglang.metrics-interval", "How often SGLang's /metrics is read. Each read costs SGLang tens of milliseconds of CPU on its API process.").Default("15s").DurationVar(&o.metricsInterval)
 	runCmd.Flag("sglang.timeout", "Timeout of one /metrics read; shorter than --sglang.metrics-interval. Default: a third of the interval.").SetValue(&o.metricsTimeout)
-	runCmd.Flag("plugin.url", "Base URL of the plugin of one prefill rank, e.g. http://127.0.0.1:30100 (repeatable).").StringsVar(&o.pluginURLs)
+	runCmd.Flag("plugin.url", "Base URL of the plugin of one prefill or decode rank, e.g. http://127.0.0.1:30100 (repeatable); the role is read from the listing.").StringsVar(&o.pluginURLs)
 	runCmd.Flag("plugin.token-file", "File holding the plugin's bearer token, sent on admin calls only; re-read on every call.").StringVar(&o.tokenFile)
 	runCmd.Flag("plugin.timeout", "Timeout of one listing read; shorter than --watchdog.interval. Default: 80% of the interval.").SetValue(&o.pluginTimeout)
 	runCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for https plugin URLs (the tls_config block of Prometheus: ca_file, cert_file, key_file, server_name, insecure_skip_verify, min_version).").StringVar(&o.pluginTLSFile)
@@ -178,6 +190,10 @@ func newApp(o *options) *kingpin.Application {
 	addWatchFlags(runCmd, &o.watch, "dry-run")
 	runCmd.Flag("force-fail.fail-fast", "Fail the requests queued behind a diagnosed transfer wedge at once, on every PP stage, instead of at the deadline (auto mode; dry runs in dry-run mode).").Default("true").BoolVar(&o.watch.failFast)
 	runCmd.Flag("force-fail.fail-fast-max-per-minute", "Most fail-fast requests over any 60 seconds, apart from --force-fail.max-per-minute.").Default("180").IntVar(&o.watch.failFastPerMinute)
+	runCmd.Flag("decode.prefill-watchdog-url", "URL of the prefill peer's watchdog with {host} for the host of a decode request's bootstrap_addr, e.g. http://{host}:9433. A stuck decode request whose transfer started is released early only when that watchdog answers \"stopped\" for its room (or SGLang marked it Failed). Empty: such requests are held for SGLang's own timeout, unless this watchdog watches the prefill ranks too.").StringVar(&o.decode.prefillURL)
+	runCmd.Flag("decode.prefill-networks", "CIDR a bootstrap_addr host must be in to be asked for a verdict (repeatable); the host comes from listing data, so nothing else is ever asked.").Default("127.0.0.0/8", "::1/128").StringsVar(&o.decode.prefillNetworks)
+	runCmd.Flag("decode.prefill-watchdog-http-config-file", "YAML file with the HTTP client settings (tls_config, basic_auth, authorization) for --decode.prefill-watchdog-url, matching the prefill watchdog's --web.config.file.").StringVar(&o.decode.prefillHTTPConfig)
+	runCmd.Flag("decode.prefill-watchdog-timeout", "Timeout of one verdict lookup; it runs inside the watch cycle, for a held request at most every 5s.").Default("500ms").DurationVar(&o.decode.prefillTimeout)
 	runCmd.Flag("restart.mode", "Escalate a diagnosed transfer wedge to a restart of the SGLang server through the plugin: off, dry-run or auto.").Default("off").EnumVar(&o.watch.restartMode, "off", "dry-run", "auto")
 	runCmd.Flag("restart.min-interval", "Least time between two restarts of this pod; a process is never restarted twice.").Default("30m").DurationVar(&o.watch.restartMinInterval)
 	runCmd.Flag("alertmanager.webhook", "Serve POST "+alertwebhook.Path+": a firing "+alertwebhook.AlertName+" alert about this watchdog force-fails the stuck requests of its rank, through the same rails as auto mode. Needs --alertmanager.webhook.token-file and --alertmanager.webhook.match-label.").BoolVar(&o.webhook)
@@ -209,6 +225,7 @@ func newApp(o *options) *kingpin.Application {
 func addWatchFlags(cmd *kingpin.CmdClause, w *watchOptions, defaultMode string) {
 	cmd.Flag("watchdog.interval", "How often plugin listings are read and decisions made.").Default("1s").DurationVar(&w.interval)
 	cmd.Flag("watchdog.deadline", "A request younger than this in the inflight queue is never stuck.").Default("60s").DurationVar(&w.deadline)
+	cmd.Flag("watchdog.decode-deadline", "A decode request younger than this (time in the decode prealloc and transfer queues) is never stuck; below SGLang's own 300s waiting timeout, above the prefill deadline plus stall window (docs/decode.md).").Default("180s").DurationVar(&w.decodeDeadline)
 	cmd.Flag("watchdog.stall-window", "A request is stuck only if neither its progress nor its poll state changed for this long while the scheduler loop kept running; also the wedged-loop window.").Default("30s").DurationVar(&w.stallWindow)
 	cmd.Flag("watchdog.pin-window", "A queue gauge non-zero and unchanged this long, with no progress counter moving, is pinned.").Default("2m").DurationVar(&w.pinWindow)
 	cmd.Flag("watchdog.max-rooms", "Most inflight requests remembered at once.").Default("100000").IntVar(&w.maxRooms)
@@ -456,6 +473,7 @@ func watchdogConfig(o *options, logger log.Logger) (watchdog.Config, error) {
 		Interval:        w.interval,
 		MetricsInterval: o.metricsInterval,
 		Deadline:        w.deadline,
+		DecodeDeadline:  w.decodeDeadline,
 		StallWindow:     w.stallWindow,
 		PinWindow:       w.pinWindow,
 		MaxRooms:        w.maxRooms,
@@ -471,11 +489,65 @@ func watchdogConfig(o *options, logger log.Logger) (watchdog.Config, error) {
 	if metricsURL != "" {
 		cfg.Metrics = collector.NewMetricsScraper(metricsURL, metricsTimeout)
 	}
+	if w.decodeDeadline <= 0 {
+		return watchdog.Config{}, fmt.Errorf("--watchdog.decode-deadline must be positive, got %s", w.decodeDeadline)
+	}
+	verdicts, err := verdictClient(&o.decode)
+	if err != nil {
+		return watchdog.Config{}, err
+	}
+	if verdicts != nil {
+		cfg.Verdicts = verdicts
+	}
 	for _, u := range o.pluginURLs {
 		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: pluginTimeout, AdminTimeout: w.adminTimeout,
 			Transport: listingRT, AdminTransport: adminRT}))
 	}
 	return cfg, nil
+}
+
+// verdictCacheTTL keeps a prefill verdict other than "stopped", so that a
+// held decode request costs its prefill peer a lookup every few cycles,
+// not every cycle.
+const verdictCacheTTL = 5 * time.Second
+
+// verdictClient builds the client of the prefill watchdogs' verdict API, or
+// nil without --decode.prefill-watchdog-url.
+func verdictClient(d *decodeOptions) (*pluginapi.VerdictClient, error) {
+	if d.prefillURL == "" {
+		if d.prefillHTTPConfig != "" {
+			return nil, errors.New("--decode.prefill-watchdog-http-config-file needs --decode.prefill-watchdog-url")
+		}
+		return nil, nil
+	}
+	if d.prefillTimeout <= 0 {
+		return nil, fmt.Errorf("--decode.prefill-watchdog-timeout must be positive, got %s", d.prefillTimeout)
+	}
+	var nets []netip.Prefix
+	for _, n := range d.prefillNetworks {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return nil, fmt.Errorf("--decode.prefill-networks %q: %w", n, err)
+		}
+		nets = append(nets, p.Masked())
+	}
+	cfg := config.HTTPClientConfig{}
+	if d.prefillHTTPConfig != "" {
+		c, _, err := config.LoadHTTPConfigFile(d.prefillHTTPConfig)
+		if err != nil {
+			return nil, fmt.Errorf("--decode.prefill-watchdog-http-config-file %s: %w", d.prefillHTTPConfig, err)
+		}
+		cfg = *c
+	}
+	// The prefill watchdog's address comes from listing data: never through
+	// a proxy, never redirected.
+	cfg.ProxyConfig = config.ProxyConfig{}
+	client, err := config.NewClientFromConfig(cfg, "prefill_watchdog", config.WithIdleConnTimeout(30*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("--decode.prefill-watchdog-http-config-file %s: %w", d.prefillHTTPConfig, err)
+	}
+	return pluginapi.NewVerdictClient(pluginapi.VerdictClientOptions{URLTemplate: d.prefillURL, Networks: nets, Client: client,
+		Timeout: d.prefillTimeout, CacheTTL: verdictCacheTTL})
 }
 
 // liveness tells whether the watch loop still cycles. A cycle ends within
@@ -580,6 +652,9 @@ func newServer(o *options, wd *watchdog.Watchdog, receiver *alertwebhook.Receive
 		return nil, err
 	}
 	healthHandlers(mux, wd, live)
+	// Read-only, behind the same web config as the metrics: decode-side
+	// watchdogs ask it whether prefill stopped sending for a room.
+	mux.Handle(pluginapi.PathRoomVerdict, wd.VerdictHandler())
 	if receiver != nil {
 		mux.Handle(alertwebhook.Path, receiver)
 	} else {

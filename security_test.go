@@ -15,6 +15,7 @@ import (
 
 	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
@@ -150,7 +151,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	defer srv.close()
 	alert := `{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"` + alertwebhook.AlertName + `","dp_rank":"0","pp_rank":"0"}}]}`
 	paths := []string{"/", "/metrics", "/-/healthy", "/-/ready", alertwebhook.Path, "/-/reload", "/-/quit",
-		"/admin/force_fail", "/debug/pprof/", "/api/v1/mode", "/metrics?mode=auto"}
+		"/admin/force_fail", "/debug/pprof/", "/api/v1/mode", "/metrics?mode=auto", pluginapi.PathRoomVerdict + "1"}
 	methods := []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 	disabled := 0
 	for _, p := range paths {

@@ -28,7 +28,7 @@ type Exporter struct {
 	forceFails, skips, mode, tracked, limitHits, lastCycle        *prometheus.Desc
 	webhook                                                       *prometheus.Desc
 	transferWedged, transferWedges, restarts, rankTargets         *prometheus.Desc
-	unactionable                                                  *prometheus.Desc
+	unactionable, verdictLookups, ledgerRooms                     *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -37,7 +37,9 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 
 // NewExporter returns an exporter over snapshot.
 func NewExporter(snapshot SnapshotFunc) *Exporter {
-	rank := []string{"dp_rank", "pp_rank"}
+	// role tells prefill ranks from decode ranks: one watchdog may read
+	// both (tests, the demo), and their dp_rank and pp_rank overlap.
+	rank := []string{"dp_rank", "pp_rank", "role"}
 	return &Exporter{
 		snapshot:       snapshot,
 		scrapeSuccess:  desc("scrape_success", "1 if the last read of this source (SGLang /metrics or a plugin listing) succeeded, 0 if it failed.", "source", "target"),
@@ -45,10 +47,10 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		scrapeFailures: desc("scrape_failures_total", "Reads of this source that failed: HTTP error, timeout, oversized or malformed body.", "source", "target"),
 		queueRequests: desc("queue_requests", "Requests in a prefill/decode disaggregation queue of one scheduler rank, as last read from SGLang /metrics or the plugin listing.",
 			"source", "queue", "dp_rank", "pp_rank", "tp_rank"),
-		inflightRequests: desc("inflight_requests", "Requests in the prefill inflight queue (KV cache transfer pending) by the plugin's last observed KVPoll state.", append(rank, "poll")...),
-		oldestAge:        desc("inflight_oldest_age_seconds", "Age of the oldest request in the prefill inflight queue; 0 when the queue is empty.", rank...),
-		ageHist:          desc("inflight_age_seconds", "Time requests spent in the prefill inflight queue, observed when each one left the plugin listing.", rank...),
-		stuck: desc("stuck_requests", "Inflight requests older than the deadline whose poll state and progress have not changed for the stall window while the scheduler loop kept running.",
+		inflightRequests: desc("inflight_requests", "Requests waiting on a KV cache transfer by the plugin's last observed KVPoll state: the prefill inflight queue (role prefill), the decode prealloc and transfer queues (role decode).", append(rank, "poll")...),
+		oldestAge:        desc("inflight_oldest_age_seconds", "Age of the oldest request waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues); 0 when there is none.", rank...),
+		ageHist:          desc("inflight_age_seconds", "Time requests spent waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues), observed when each one left the plugin listing.", rank...),
+		stuck: desc("stuck_requests", "Requests older than their role's deadline whose poll state and progress (and, on decode, queue) have not changed for the stall window while the scheduler loop kept running.",
 			rank...),
 		gaugePinned: desc("queue_pinned", "1 if this SGLang queue gauge has been non-zero and unchanged for the pin window while no SGLang progress counter moved.",
 			"queue", "dp_rank", "pp_rank", "tp_rank"),
@@ -56,11 +58,12 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		sinceProgress:  desc("seconds_since_progress", "Seconds since any SGLang progress counter (transfer failures, completed KV transfers, prompt tokens, requests, realtime tokens) last moved."),
 		loopStall:      desc("scheduler_loop_stall_seconds", "Seconds since the scheduler loop counter reported by the plugin last advanced. Normal while the inflight queue is empty.", rank...),
 		wedged:         desc("scheduler_wedged", "1 if the inflight queue holds requests and the scheduler loop has not advanced for the stall window; nothing is force-failed on such a rank.", rank...),
-		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error) and by what triggered them (auto, alert).",
-			"result", "trigger"),
-		skips:     desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down); each request counts once per reason.", "reason"),
+		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error, unsupported), by what triggered them (auto, alert, fail_fast) and by the role of the request (prefill, decode).",
+			"result", "trigger", "role"),
+		skips: desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live) and role; each request counts once per reason.",
+			"reason", "role"),
 		mode:      desc("force_fail_mode", "1 for the current force-fail mode (off, dry-run, auto), 0 for the others.", "mode"),
-		tracked:   desc("tracked_rooms", "Inflight requests the watchdog currently remembers."),
+		tracked:   desc("tracked_rooms", "Requests the watchdog currently remembers: prefill inflight rooms and decode requests."),
 		limitHits: desc("room_limit_hits_total", "Listings that held more rooms than the room limit; the excess was not tracked and is never acted on."),
 		lastCycle: desc("last_cycle_duration_seconds", "Duration of the last watch cycle: listing reads, decisions and admin calls."),
 		webhook:   desc("alert_webhook_requests_total", "Alertmanager webhook deliveries by result (accepted, ignored, bad_request, disabled).", "result"),
@@ -71,8 +74,11 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 			"result"),
 		rankTargets: desc("rank_targets", "Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.",
 			rank...),
-		unactionable: desc("stuck_unactionable_requests", "Stuck requests the watchdog cannot force-fail, by reason: source_down (the listing re-read before the call, on some PP stage, failed: the source flaps) or unsupported (no lever works on this SGLang).",
+		unactionable: desc("stuck_unactionable_requests", "Stuck requests the watchdog cannot force-fail, by reason: source_down (the listing re-read before the call, on some PP stage, failed: the source flaps), unsupported (no lever works on this SGLang) or transfer_live (decode: the transfer started and the prefill peer is not known to have stopped sending; held for SGLang's own timeout).",
 			append(rank, "reason")...),
+		verdictLookups: desc("prefill_verdict_lookups_total", "Lookups of the prefill side's verdict on the room of a stuck decode request whose transfer started, by answer (stopped, live, in_queue, unknown, error). Only stopped lets the request be released early.",
+			"verdict"),
+		ledgerRooms: desc("prefill_released_rooms", "Rooms this watchdog released on prefill and still remembers, to answer decode-side verdict lookups."),
 	}
 }
 
@@ -82,7 +88,7 @@ func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
 		e.scrapeSuccess, e.scrapeDuration, e.scrapeFailures, e.queueRequests, e.inflightRequests, e.oldestAge,
 		e.ageHist, e.stuck, e.gaugePinned, e.gaugeUnchanged, e.sinceProgress, e.loopStall, e.wedged,
 		e.forceFails, e.skips, e.mode, e.tracked, e.limitHits, e.lastCycle, e.webhook,
-		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable,
+		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable, e.verdictLookups, e.ledgerRooms,
 	} {
 		ch <- d
 	}
@@ -114,28 +120,33 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	buckets := watchdog.AgeBuckets()
 	ranks, targets := mergeRanks(s.Ranks)
 	for i, r := range ranks {
-		dp, pp, tp := strconv.Itoa(r.DPRank), strconv.Itoa(r.PPRank), strconv.Itoa(r.TPRank)
-		gauge(e.queueRequests, float64(r.Queues.Inflight), "plugin", watchdog.QueuePrefillInflight, dp, pp, tp)
-		gauge(e.queueRequests, float64(r.Queues.Bootstrap), "plugin", watchdog.QueuePrefillBootstrap, dp, pp, tp)
-		gauge(e.queueRequests, float64(r.Queues.Waiting), "plugin", watchdog.QueuePrefillWaiting, dp, pp, tp)
-		for _, p := range pluginapi.PollStates {
-			gauge(e.inflightRequests, float64(r.ByPoll[p]), dp, pp, p)
+		dp, pp, tp, role := strconv.Itoa(r.DPRank), strconv.Itoa(r.PPRank), strconv.Itoa(r.TPRank), r.Role
+		if role == watchdog.RoleDecode {
+			gauge(e.queueRequests, float64(r.Queues.Prealloc), "plugin", watchdog.QueueDecodePrealloc, dp, pp, tp)
+			gauge(e.queueRequests, float64(r.Queues.Transfer), "plugin", watchdog.QueueDecodeTransfer, dp, pp, tp)
+		} else {
+			gauge(e.queueRequests, float64(r.Queues.Inflight), "plugin", watchdog.QueuePrefillInflight, dp, pp, tp)
+			gauge(e.queueRequests, float64(r.Queues.Bootstrap), "plugin", watchdog.QueuePrefillBootstrap, dp, pp, tp)
+			gauge(e.queueRequests, float64(r.Queues.Waiting), "plugin", watchdog.QueuePrefillWaiting, dp, pp, tp)
 		}
-		gauge(e.oldestAge, r.OldestAge, dp, pp)
-		gauge(e.stuck, float64(r.Stuck), dp, pp)
-		gauge(e.loopStall, r.LoopStall.Seconds(), dp, pp)
-		gauge(e.wedged, boolValue(r.Wedged), dp, pp)
-		gauge(e.transferWedged, boolValue(r.TransferWedged), dp, pp)
-		counter(e.transferWedges, float64(r.TransferWedges), dp, pp)
-		gauge(e.rankTargets, float64(targets[i]), dp, pp)
+		for _, p := range pluginapi.PollStates {
+			gauge(e.inflightRequests, float64(r.ByPoll[p]), dp, pp, role, p)
+		}
+		gauge(e.oldestAge, r.OldestAge, dp, pp, role)
+		gauge(e.stuck, float64(r.Stuck), dp, pp, role)
+		gauge(e.loopStall, r.LoopStall.Seconds(), dp, pp, role)
+		gauge(e.wedged, boolValue(r.Wedged), dp, pp, role)
+		gauge(e.transferWedged, boolValue(r.TransferWedged), dp, pp, role)
+		counter(e.transferWedges, float64(r.TransferWedges), dp, pp, role)
+		gauge(e.rankTargets, float64(targets[i]), dp, pp, role)
 		for _, reason := range watchdog.UnactionableReasons {
-			gauge(e.unactionable, float64(r.Unactionable[reason]), dp, pp, reason)
+			gauge(e.unactionable, float64(r.Unactionable[reason]), dp, pp, role, reason)
 		}
 		cum := make(map[float64]uint64, len(buckets))
 		for i, b := range buckets {
 			cum[b] = r.AgeBuckets[i]
 		}
-		ch <- prometheus.MustNewConstHistogram(e.ageHist, r.AgeCount, r.AgeSum, cum, dp, pp)
+		ch <- prometheus.MustNewConstHistogram(e.ageHist, r.AgeCount, r.AgeSum, cum, dp, pp, role)
 	}
 
 	if s.MetricsSampled {
@@ -148,14 +159,20 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 		gauge(e.gaugeUnchanged, g.Unchanged.Seconds(), k.Queue, k.DP, k.PP, k.TP)
 	}
 
-	for _, res := range watchdog.Results {
-		for _, tr := range watchdog.Triggers {
-			counter(e.forceFails, float64(s.ForceFails[[2]string{res, tr}]), res, tr)
+	for _, role := range s.Roles {
+		for _, res := range watchdog.Results {
+			for _, tr := range watchdog.Triggers {
+				counter(e.forceFails, float64(s.RoleForceFails[[3]string{res, tr, role}]), res, tr, role)
+			}
+		}
+		for _, r := range watchdog.SkipReasons {
+			counter(e.skips, float64(s.RoleSkips[[2]string{r, role}]), r, role)
 		}
 	}
-	for _, r := range watchdog.SkipReasons {
-		counter(e.skips, float64(s.Skips[r]), r)
+	for _, v := range watchdog.VerdictAnswers {
+		counter(e.verdictLookups, float64(s.VerdictLookups[v]), v)
 	}
+	gauge(e.ledgerRooms, float64(s.LedgerRooms))
 	for _, m := range watchdog.Modes {
 		gauge(e.mode, boolValue(m == s.Mode), string(m))
 	}
@@ -178,9 +195,13 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 func mergeRanks(in []watchdog.RankSnapshot) ([]watchdog.RankSnapshot, []int) {
 	var out []watchdog.RankSnapshot
 	var targets []int
-	at := map[[2]int]int{}
+	type rankKey struct {
+		role   string
+		dp, pp int
+	}
+	at := map[rankKey]int{}
 	for _, r := range in {
-		k := [2]int{r.DPRank, r.PPRank}
+		k := rankKey{r.Role, r.DPRank, r.PPRank}
 		i, ok := at[k]
 		if !ok {
 			at[k] = len(out)
@@ -196,6 +217,8 @@ func mergeRanks(in []watchdog.RankSnapshot) ([]watchdog.RankSnapshot, []int) {
 		m.Queues.Inflight += r.Queues.Inflight
 		m.Queues.Bootstrap += r.Queues.Bootstrap
 		m.Queues.Waiting += r.Queues.Waiting
+		m.Queues.Prealloc += r.Queues.Prealloc
+		m.Queues.Transfer += r.Queues.Transfer
 		for p, n := range r.ByPoll {
 			m.ByPoll[p] += n
 		}

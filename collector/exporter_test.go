@@ -21,19 +21,29 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files")
 
 func goldenSnapshot() watchdog.Snapshot {
-	ff := map[[2]string]uint64{}
-	for _, r := range watchdog.Results {
-		for _, tr := range watchdog.Triggers {
-			ff[[2]string{r, tr}] = 0
+	ff := map[[3]string]uint64{}
+	skips := map[[2]string]uint64{}
+	for _, role := range watchdog.Roles {
+		for _, r := range watchdog.Results {
+			for _, tr := range watchdog.Triggers {
+				ff[[3]string{r, tr, role}] = 0
+			}
+		}
+		for _, r := range watchdog.SkipReasons {
+			skips[[2]string{r, role}] = 0
 		}
 	}
-	ff[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] = 3
-	ff[[2]string{watchdog.ResultWouldFlip, watchdog.TriggerAuto}] = 1
-	skips := map[string]uint64{}
-	for _, r := range watchdog.SkipReasons {
-		skips[r] = 0
+	ff[[3]string{watchdog.ResultReleased, watchdog.TriggerAuto, watchdog.RolePrefill}] = 3
+	ff[[3]string{watchdog.ResultWouldFlip, watchdog.TriggerAuto, watchdog.RolePrefill}] = 1
+	ff[[3]string{watchdog.ResultReleased, watchdog.TriggerAuto, watchdog.RoleDecode}] = 2
+	ff[[3]string{watchdog.ResultRejected, watchdog.TriggerAuto, watchdog.RoleDecode}] = 1
+	skips[[2]string{watchdog.SkipRateLimited, watchdog.RolePrefill}] = 2
+	skips[[2]string{watchdog.SkipTransferLive, watchdog.RoleDecode}] = 4
+	decodePoll := map[string]int{}
+	for _, p := range pluginapi.PollStates {
+		decodePoll[p] = 0
 	}
-	skips[watchdog.SkipRateLimited] = 2
+	decodePoll[pluginapi.PollTransferring] = 1
 	byPoll := map[string]int{}
 	for _, p := range pluginapi.PollStates {
 		byPoll[p] = 0
@@ -48,20 +58,29 @@ func goldenSnapshot() watchdog.Snapshot {
 			{Source: "plugin", Target: "http://127.0.0.1:30101", Up: false, Duration: 800 * time.Millisecond, Failures: 4},
 		},
 		Ranks: []watchdog.RankSnapshot{{
-			Target: "http://127.0.0.1:30100", TransferWedged: true, TransferWedges: 1,
-			Unactionable: map[string]int{watchdog.SkipSourceDown: 1, watchdog.SkipUnsupported: 0},
+			Target: "http://127.0.0.1:30100", Role: watchdog.RolePrefill, TransferWedged: true, TransferWedges: 1,
+			Unactionable: map[string]int{watchdog.SkipSourceDown: 1, watchdog.SkipUnsupported: 0, watchdog.SkipTransferLive: 0},
 			DPRank:       0, PPRank: 0, TPRank: 0,
 			Queues: pluginapi.Queues{Bootstrap: 2, Waiting: 0, Inflight: 3},
 			ByPoll: byPoll, OldestAge: 812.5, Stuck: 1, LoopStall: 250 * time.Millisecond,
 			AgeBuckets: []uint64{1, 4, 9, 15, 18, 19, 19, 19, 19, 20, 20}, AgeCount: 21, AgeSum: 4000,
+		}, {
+			Target: "http://127.0.0.1:30200", Role: watchdog.RoleDecode,
+			Unactionable: map[string]int{watchdog.SkipSourceDown: 0, watchdog.SkipUnsupported: 0, watchdog.SkipTransferLive: 1},
+			Queues:       pluginapi.Queues{Prealloc: 1, Transfer: 1},
+			ByPoll:       decodePoll, OldestAge: 240, Stuck: 1, LoopStall: 100 * time.Millisecond,
+			AgeBuckets: []uint64{0, 0, 0, 0, 2, 3, 3, 3, 3, 3, 3}, AgeCount: 3, AgeSum: 95,
 		}},
 		Gauges: []watchdog.GaugeSnapshot{
 			{Key: watchdog.GaugeKey{Queue: watchdog.QueuePrefillInflight, DP: "0", PP: "0", TP: "0"}, Value: 1, Unchanged: 600 * time.Second, Pinned: true},
 		},
 		MetricsSampled: true,
 		SinceProgress:  610 * time.Second,
-		ForceFails:     ff,
-		Skips:          skips,
+		RoleForceFails: ff,
+		RoleSkips:      skips,
+		VerdictLookups: map[string]uint64{pluginapi.VerdictStopped: 2, pluginapi.VerdictLive: 1, pluginapi.VerdictUnknown: 3, "error": 1},
+		LedgerRooms:    5,
+		Roles:          watchdog.Roles,
 		Webhook:        map[string]uint64{watchdog.WebhookAccepted: 2},
 		Restarts:       map[string]uint64{watchdog.RestartRestarted: 1},
 		TrackedRooms:   3,
@@ -114,6 +133,7 @@ func TestExporterGolden(t *testing.T) {
 // requests must show, and the collision too (docs/hardening.md).
 func TestExporterNeverHidesACollidingRank(t *testing.T) {
 	snap := goldenSnapshot()
+	snap.Ranks = snap.Ranks[:1]
 	second := snap.Ranks[0]
 	second.Target = "http://127.0.0.1:30101"
 	second.Stuck, second.TransferWedged, second.OldestAge = 2, false, 900
@@ -122,18 +142,18 @@ func TestExporterNeverHidesACollidingRank(t *testing.T) {
 	snap.Ranks = append(snap.Ranks, second)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewExporter(func() watchdog.Snapshot { return snap }))
-	want := `# HELP sglang_watchdog_stuck_requests Inflight requests older than the deadline whose poll state and progress have not changed for the stall window while the scheduler loop kept running.
+	want := `# HELP sglang_watchdog_stuck_requests Requests older than their role's deadline whose poll state and progress (and, on decode, queue) have not changed for the stall window while the scheduler loop kept running.
 # TYPE sglang_watchdog_stuck_requests gauge
-sglang_watchdog_stuck_requests{dp_rank="0",pp_rank="0"} 2
+sglang_watchdog_stuck_requests{dp_rank="0",pp_rank="0",role="prefill"} 2
 # HELP sglang_watchdog_rank_targets Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.
 # TYPE sglang_watchdog_rank_targets gauge
-sglang_watchdog_rank_targets{dp_rank="0",pp_rank="0"} 2
-# HELP sglang_watchdog_inflight_oldest_age_seconds Age of the oldest request in the prefill inflight queue; 0 when the queue is empty.
+sglang_watchdog_rank_targets{dp_rank="0",pp_rank="0",role="prefill"} 2
+# HELP sglang_watchdog_inflight_oldest_age_seconds Age of the oldest request waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues); 0 when there is none.
 # TYPE sglang_watchdog_inflight_oldest_age_seconds gauge
-sglang_watchdog_inflight_oldest_age_seconds{dp_rank="0",pp_rank="0"} 900
+sglang_watchdog_inflight_oldest_age_seconds{dp_rank="0",pp_rank="0",role="prefill"} 900
 # HELP sglang_watchdog_transfer_wedged 1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from the plugin's transfer fields, or suspected from two or more stuck Transferring rooms with an older plugin). Only a restart clears it.
 # TYPE sglang_watchdog_transfer_wedged gauge
-sglang_watchdog_transfer_wedged{dp_rank="0",pp_rank="0"} 1
+sglang_watchdog_transfer_wedged{dp_rank="0",pp_rank="0",role="prefill"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "sglang_watchdog_stuck_requests", "sglang_watchdog_rank_targets",
 		"sglang_watchdog_inflight_oldest_age_seconds", "sglang_watchdog_transfer_wedged"); err != nil {
@@ -141,5 +161,35 @@ sglang_watchdog_transfer_wedged{dp_rank="0",pp_rank="0"} 1
 	}
 	if snap.Ranks[0].ByPoll[pluginapi.PollTransferring] != 2 {
 		t.Fatal("merging changed the snapshot it was given")
+	}
+}
+
+// A watchdog that never listed a decode rank exports no decode counters,
+// so that prefill-only deployments keep their series.
+func TestExporterDecodeCountersOnlyOnceDecodeIsSeen(t *testing.T) {
+	snap := goldenSnapshot()
+	snap.Ranks = snap.Ranks[:1]
+	snap.Roles = []string{watchdog.RolePrefill}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewExporter(func() watchdog.Snapshot { return snap }))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefill := 0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "role" && lp.GetValue() == watchdog.RoleDecode {
+					t.Errorf("%s has a role=\"decode\" series without a decode rank", mf.GetName())
+				}
+				if lp.GetName() == "role" && lp.GetValue() == watchdog.RolePrefill && mf.GetName() == "sglang_watchdog_force_fails_total" {
+					prefill++
+				}
+			}
+		}
+	}
+	if prefill != len(watchdog.Results)*len(watchdog.Triggers) {
+		t.Errorf("%d prefill force-fail series, want every result and trigger", prefill)
 	}
 }

@@ -44,6 +44,7 @@ var queueFamilies = map[string]string{
 // getting work done. Which ones exist depends on the SGLang version.
 var progressFamilies = map[string]bool{
 	watchdog.TransferFailedFamily:  true,
+	watchdog.BootstrapFailedFamily: true, // decode: confirms releases from the prealloc queue
 	"sglang:prompt_tokens_total":   true,
 	"sglang:num_requests_total":    true,
 	"sglang:realtime_tokens_total": true,

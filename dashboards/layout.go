@@ -213,18 +213,18 @@ func layout() []rowSpec {
 		{title: "Prefill inflight queue (plugin)", panels: []panelSpec{
 			{
 				kind: kindTimeseries, title: "Inflight requests by poll state", width: 8, height: 8, stacked: true,
-				description: "Requests in the prefill inflight queue by the plugin's last observed KVPoll state. Requests that sit in Transferring or WaitingForInput without leaving are the stuck-request symptom.",
+				description: "Requests waiting on a KV transfer by the plugin's last observed KVPoll state: the prefill inflight queue (role prefill), the decode prealloc and transfer queues (role decode). Requests that sit in Transferring or WaitingForInput without leaving are the stuck-request symptom.",
 				targets: []target{{
-					expr:   "sum by (dp_rank, poll) (" + wdRank("sglang_watchdog_inflight_requests") + ")",
-					legend: "dp{{dp_rank}} {{poll}}", needs: NeedsPlugin,
+					expr:   "sum by (role, dp_rank, poll) (" + wdRank("sglang_watchdog_inflight_requests") + ")",
+					legend: "{{role}} dp{{dp_rank}} {{poll}}", needs: NeedsPlugin,
 				}},
 			},
 			{
 				kind: kindTimeseries, title: "Oldest inflight request age", width: 8, height: 8, unit: "s",
-				description: "Age of the oldest request in the prefill inflight queue per rank; 0 when the queue is empty. A line that climbs without dropping back is a request that never leaves.",
+				description: "Age of the oldest request waiting on a KV transfer per rank and role (prefill inflight queue; decode prealloc and transfer queues); 0 when there is none. A line that climbs without dropping back is a request that never leaves.",
 				targets: []target{{
-					expr:   "max by (dp_rank, pp_rank) (" + wdRank("sglang_watchdog_inflight_oldest_age_seconds") + ")",
-					legend: "dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+					expr:   "max by (role, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_inflight_oldest_age_seconds") + ")",
+					legend: "{{role}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
 				}},
 			},
 			{
@@ -253,10 +253,10 @@ func layout() []rowSpec {
 		{title: "Stuck detection", panels: []panelSpec{
 			{
 				kind: kindTimeseries, title: "Stuck requests per rank", width: 8, height: 8, alertAt: 1,
-				description: "Inflight requests the watchdog judges stuck: older than the deadline, no progress or poll change for the stall window, scheduler loop still running.",
+				description: "Requests the watchdog judges stuck, by role: older than the deadline (decode: the decode deadline), no progress or poll change for the stall window, scheduler loop still running.",
 				targets: []target{{
-					expr:   "sum by (dp_rank, pp_rank) (" + wdRank("sglang_watchdog_stuck_requests") + ")",
-					legend: "dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+					expr:   "sum by (role, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_stuck_requests") + ")",
+					legend: "{{role}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
 				}},
 			},
 			{
@@ -279,16 +279,16 @@ func layout() []rowSpec {
 				kind: kindTimeseries, title: "Scheduler loop stall", width: 8, height: 8, unit: "s",
 				description: "Seconds since the plugin's scheduler-loop counter last advanced. A still counter with an empty queue is normal.",
 				targets: []target{{
-					expr:   "max by (dp_rank, pp_rank) (" + wdRank("sglang_watchdog_scheduler_loop_stall_seconds") + ")",
-					legend: "dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+					expr:   "max by (role, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_scheduler_loop_stall_seconds") + ")",
+					legend: "{{role}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
 				}},
 			},
 			{
 				kind: kindTimeseries, title: "Wedged scheduler loop", width: 8, height: 8, alertAt: 1,
 				description: "1 while the inflight queue holds requests and the scheduler loop has not advanced for --watchdog.stall-window. No request is force-failed on a wedged rank: restart the server instead.",
 				targets: []target{{
-					expr:   "max by (dp_rank, pp_rank) (" + wdRank("sglang_watchdog_scheduler_wedged") + ")",
-					legend: "dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+					expr:   "max by (role, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_scheduler_wedged") + ")",
+					legend: "{{role}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
 				}},
 			},
 			{
@@ -305,16 +305,16 @@ func layout() []rowSpec {
 				kind: kindTimeseries, title: "Force-fail attempts by result and trigger", width: 8, height: 8, stacked: true,
 				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed; unsupported: no lever works on this SGLang. trigger is auto (the watchdog's own decision), alert (Alertmanager webhook) or fail_fast (a room queued behind a diagnosed transfer wedge).",
 				targets: []target{{
-					expr:   "sum by (result, trigger) (" + increase(wd("sglang_watchdog_force_fails_total")) + ")",
-					legend: "{{result}} ({{trigger}})",
+					expr:   "sum by (result, trigger, role) (" + increase(wd("sglang_watchdog_force_fails_total")) + ")",
+					legend: "{{result}} ({{trigger}}, {{role}})",
 				}},
 			},
 			{
 				kind: kindTimeseries, title: "Stuck requests not force-failed", width: 8, height: 8, stacked: true,
-				description: "Stuck requests the watchdog did not force-fail, by reason: mode_off, rate_limited, progressed, gone, source_down, unsupported.",
+				description: "Stuck requests the watchdog did not force-fail, by reason and role: mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live (decode: the transfer may still be written; held for SGLang's own timeout).",
 				targets: []target{{
-					expr:   "sum by (reason) (" + increase(wd("sglang_watchdog_force_fail_skips_total")) + ")",
-					legend: "{{reason}}",
+					expr:   "sum by (reason, role) (" + increase(wd("sglang_watchdog_force_fail_skips_total")) + ")",
+					legend: "{{reason}} ({{role}})",
 				}},
 			},
 			{
@@ -359,10 +359,10 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 12, height: 8, alertAt: 1,
-				description: "Stuck requests the last attempt could not act on, by reason: source_down (the listing re-read before the call failed: a flapping source blocks every release) or unsupported (no lever works on this SGLang).",
+				description: "Stuck requests the last attempt could not act on, by reason: source_down (the listing re-read before the call failed: a flapping source blocks every release), unsupported (no lever works on this SGLang) or transfer_live (decode: the transfer may still be written and the prefill side has not said it stopped).",
 				targets: []target{{
-					expr:   "sum by (dp_rank, pp_rank, reason) (" + wdRank("sglang_watchdog_stuck_unactionable_requests") + ")",
-					legend: "dp{{dp_rank}} pp{{pp_rank}} {{reason}}", needs: NeedsPlugin,
+					expr:   "sum by (role, dp_rank, pp_rank, reason) (" + wdRank("sglang_watchdog_stuck_unactionable_requests") + ")",
+					legend: "{{role}} dp{{dp_rank}} pp{{pp_rank}} {{reason}}", needs: NeedsPlugin,
 				}},
 			},
 			{
@@ -371,6 +371,24 @@ func layout() []rowSpec {
 				targets: []target{{
 					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_rank_targets") + ")",
 					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
+				}},
+			},
+		}},
+		{title: "Decode safety", panels: []panelSpec{
+			{
+				kind: kindTimeseries, title: "Prefill verdict lookups", width: 12, height: 8, stacked: true,
+				description: "Lookups of the prefill side's verdict on the room of a stuck decode request whose KV transfer started, per interval: stopped (the only answer that lets it be released early), live, in_queue, unknown, error (peer unreachable, host outside --decode.prefill-networks, no --decode.prefill-watchdog-url). Anything but stopped holds the request for SGLang's own timeout.",
+				targets: []target{{
+					expr:   "sum by (instance, verdict) (" + increase(wd("sglang_watchdog_prefill_verdict_lookups_total")) + ")",
+					legend: "{{verdict}} {{instance}}",
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Rooms released on prefill, remembered for decode", width: 12, height: 8,
+				description: "Rooms a prefill-side watchdog released and remembers (15 minutes, at most 10,000) to answer decode-side verdict lookups on GET /api/v1/rooms/<room>.",
+				targets: []target{{
+					expr:   "max by (instance) (" + wd("sglang_watchdog_prefill_released_rooms") + ")",
+					legend: "{{instance}}",
 				}},
 			},
 		}},

@@ -105,7 +105,7 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 			// Generous: the Python scheduler loop shares two cores with the
 			// rest of the test suite.
 			waitFor(t, "the pinned request released and confirmed", 90*time.Second, func() bool {
-				return wd.has(t, `sglang_watchdog_force_fails_total{result="released",trigger="auto"} 1`)
+				return wd.has(t, `sglang_watchdog_force_fails_total{result="released",role="prefill",trigger="auto"} 1`)
 			})
 			exposition := wd.metrics(t)
 			wd.stop()
@@ -122,7 +122,7 @@ func TestPythonPluginWithTheWatchdog(t *testing.T) {
 				t.Fatalf("inflight after the release: %v, want the progressing request, the health check and the warm-up", left)
 			}
 			for _, r := range watchdog.Results {
-				line := fmt.Sprintf(`sglang_watchdog_force_fails_total{result="%s",trigger="auto"} 0`, r)
+				line := fmt.Sprintf(`sglang_watchdog_force_fails_total{result="%s",role="prefill",trigger="auto"} 0`, r)
 				if r != watchdog.ResultReleased && !strings.Contains(exposition, line) {
 					t.Errorf("/metrics lacks %s", line)
 				}

@@ -235,7 +235,7 @@ scrape_configs:
 			t.Errorf("alert label %s = %q, want %q (labels %v)", k, labels[k], want, labels)
 		}
 	}
-	if !wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",trigger="auto"} 1`) {
+	if !wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",role="prefill",trigger="auto"} 1`) {
 		t.Errorf("dry-run did not make exactly one would_flip call")
 	}
 
@@ -253,7 +253,7 @@ scrape_configs:
 		return sink.find("SGLangWatchdogRequestStuck", "resolved") != nil
 	})
 	waitFor(t, "the release counted under trigger alert", 30*time.Second, func() bool {
-		return wd.has(t, `sglang_watchdog_force_fails_total{result="released",trigger="alert"} 1`)
+		return wd.has(t, `sglang_watchdog_force_fails_total{result="released",role="prefill",trigger="alert"} 1`)
 	})
 	for _, line := range []string{`sglang_watchdog_force_fail_mode{mode="dry-run"} 1`, `sglang_watchdog_alert_webhook_requests_total{result="accepted"} 1`,
 		`sglang_watchdog_alert_webhook_refusals_total{reason="unauthorized"} 0`, `sglang_watchdog_alert_webhook_refusals_total{reason="foreign_target"} 0`} {

@@ -60,7 +60,7 @@ func TestBinaryWritesNothingToDisk(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return strings.Contains(string(b), `sglang_watchdog_force_fails_total{result="would_flip",trigger="auto"} 1`)
+		return strings.Contains(string(b), `sglang_watchdog_force_fails_total{result="would_flip",role="prefill",trigger="auto"} 1`)
 	})
 	for _, p := range []string{"/", "/-/healthy"} {
 		resp, err := http.Get(base + p)

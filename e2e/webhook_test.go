@@ -29,7 +29,7 @@ func TestAlertWebhookReleasesThroughTheRails(t *testing.T) {
 		pluginArgs(pluginURLs)...)...)
 
 	waitFor(t, "a dry-run call for the pin", 30*time.Second, func() bool {
-		return wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",trigger="auto"} 1`)
+		return wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",role="prefill",trigger="auto"} 1`)
 	})
 	alert := func(pod string) string {
 		return fmt.Sprintf(`{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"%s","dp_rank":"1","pp_rank":"0","pod":"%s","namespace":"llm"}}]}`,
@@ -82,7 +82,7 @@ func TestAlertWebhookReleasesThroughTheRails(t *testing.T) {
 		return false
 	})
 	waitFor(t, "the release confirmed under trigger alert", 20*time.Second, func() bool {
-		return wd.has(t, `sglang_watchdog_force_fails_total{result="released",trigger="alert"} 1`)
+		return wd.has(t, `sglang_watchdog_force_fails_total{result="released",role="prefill",trigger="alert"} 1`)
 	})
 	if !wd.has(t, `sglang_watchdog_force_fail_mode{mode="dry-run"} 1`) {
 		t.Error("the mode changed")

@@ -222,6 +222,8 @@ type wireListing struct {
 	Inflight   *[]Room `json:"inflight"`
 	// OrphanedTransfers stays nil when absent or null (older plugin).
 	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
+	// DecodeRequests stays nil when absent or null (prefill, older plugin).
+	DecodeRequests []DecodeRequest `json:"decode_requests"`
 }
 
 var validPoll = map[string]bool{
@@ -279,6 +281,11 @@ func DecodeListing(body []byte) (*Listing, error) {
 			return nil, fmt.Errorf("orphaned_transfers[%d] (room %d) has %w", i, o.BootstrapRoom, err)
 		}
 	}
+	for i := range w.DecodeRequests {
+		if err := validateDecodeRequest(&w.DecodeRequests[i]); err != nil {
+			return nil, fmt.Errorf("decode_requests[%d] %w", i, err)
+		}
+	}
 	return &Listing{
 		APIVersion:        *w.APIVersion,
 		Server:            *w.Server,
@@ -287,7 +294,27 @@ func DecodeListing(body []byte) (*Listing, error) {
 		Queues:            w.Queues,
 		Inflight:          rooms,
 		OrphanedTransfers: w.OrphanedTransfers,
+		DecodeRequests:    w.DecodeRequests,
 	}, nil
+}
+
+// validateDecodeRequest checks one entry of decode_requests (round 3).
+func validateDecodeRequest(r *DecodeRequest) error {
+	switch {
+	case r.RID == "":
+		return errors.New("has no rid")
+	case !validPoll[r.Poll]:
+		return fmt.Errorf("(rid %q) has poll %q, want one of Bootstrapping, WaitingForInput, Transferring, Success, Failed, Unknown", r.RID, r.Poll)
+	case r.Queue != DecodeQueuePrealloc && r.Queue != DecodeQueueTransfer:
+		return fmt.Errorf("(rid %q) has queue %q, want prealloc or transfer", r.RID, r.Queue)
+	case math.IsNaN(r.AgeSeconds) || r.AgeSeconds < 0:
+		return fmt.Errorf("(rid %q) has age_seconds %v", r.RID, r.AgeSeconds)
+	case r.Progress < -1:
+		return fmt.Errorf("(rid %q) has progress %d, want >= -1", r.RID, r.Progress)
+	case r.ChunksExpected != nil && *r.ChunksExpected < 0:
+		return fmt.Errorf("(rid %q) has chunks_expected %d, want >= 0 or null", r.RID, *r.ChunksExpected)
+	}
+	return nil
 }
 
 // validateServer checks the round-2 fields of server; absent ones are

@@ -249,7 +249,7 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 		// A repeated object or array would be merged by encoding/json;
 		// leave such bodies to it.
 		switch string(key) {
-		case "server", "loop", "inflight", "orphaned_transfers":
+		case "server", "loop", "inflight", "orphaned_transfers", "decode_requests":
 			if !d.once(string(key)) {
 				return false
 			}
@@ -289,6 +289,10 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 					q.Waiting, ok = d.intv()
 				case "inflight":
 					q.Inflight, ok = d.intv()
+				case "prealloc":
+					q.Prealloc, ok = d.intv()
+				case "transfer":
+					q.Transfer, ok = d.intv()
 				}
 				return ok
 			})
@@ -298,6 +302,8 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 			w.Inflight = &rooms
 		case "orphaned_transfers":
 			w.OrphanedTransfers, ok = d.orphans()
+		case "decode_requests":
+			w.DecodeRequests, ok = d.decodeRequests()
 		}
 		return ok
 	}
@@ -342,6 +348,10 @@ func (d *fastDecoder) server(s *Server) func([]byte) bool {
 			s.PPSize, ok = d.intv()
 		case "transfer_queues":
 			s.TransferQueues, ok = d.intPtr()
+		case "deferred_release":
+			s.DeferredRelease, ok = d.boolPtr()
+		case "transfer_tracking":
+			s.TransferTracking, ok = d.boolPtr()
 		}
 		return ok
 	}
@@ -369,25 +379,9 @@ func (d *fastDecoder) rooms() ([]Room, bool) {
 			case "bootstrap_room":
 				r.BootstrapRoom, ok = d.uint64v()
 			case "bootstrap_addr":
-				var b []byte
-				b, ok = d.rawString()
-				if string(b) != d.lastAddr {
-					d.lastAddr = string(b)
-				}
-				r.BootstrapAddr = d.lastAddr
+				r.BootstrapAddr, ok = d.addr()
 			case "poll":
-				var b []byte
-				b, ok = d.rawString()
-				r.Poll = ""
-				for _, p := range polls {
-					if string(b) == p {
-						r.Poll = p
-						break
-					}
-				}
-				if r.Poll == "" {
-					r.Poll = string(b) // invalid; validation reports it
-				}
+				r.Poll, ok = d.poll()
 			case "age_seconds":
 				r.AgeSeconds, ok = d.float64v()
 			case "prompt_tokens":
@@ -429,6 +423,74 @@ func (d *fastDecoder) orphans() ([]OrphanedTransfer, bool) {
 				o.TransferQueue, ok = d.intPtr()
 			case "outstanding_chunks":
 				o.OutstandingChunks, ok = d.intv()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
+// poll returns a poll value, interned so that rooms share it; an invalid
+// one is kept for validation to report.
+func (d *fastDecoder) poll() (string, bool) {
+	b, ok := d.rawString()
+	for _, p := range polls {
+		if string(b) == p {
+			return p, ok
+		}
+	}
+	return string(b), ok
+}
+
+// addr returns a bootstrap address, shared with the previous entry when
+// it is the same.
+func (d *fastDecoder) addr() (string, bool) {
+	b, ok := d.rawString()
+	if string(b) != d.lastAddr {
+		d.lastAddr = string(b)
+	}
+	return d.lastAddr, ok
+}
+
+func (d *fastDecoder) int64Ptr() (*int64, bool) {
+	if d.null() {
+		return nil, true
+	}
+	v, ok := d.int64v(64)
+	return &v, ok
+}
+
+func (d *fastDecoder) decodeRequests() ([]DecodeRequest, bool) {
+	out := []DecodeRequest{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, DecodeRequest{})
+		r := &out[len(out)-1]
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "rid":
+				r.RID, ok = d.str()
+			case "bootstrap_room":
+				r.BootstrapRoom, ok = d.uint64v()
+			case "bootstrap_addr":
+				r.BootstrapAddr, ok = d.addr()
+			case "queue":
+				r.Queue, ok = d.str()
+			case "poll":
+				r.Poll, ok = d.poll()
+			case "age_seconds":
+				r.AgeSeconds, ok = d.float64v()
+			case "progress":
+				r.Progress, ok = d.int64v(64)
+			case "chunks_expected":
+				r.ChunksExpected, ok = d.int64Ptr()
+			case "transfer_started":
+				r.TransferStarted, ok = d.boolPtr()
+			case "health_check":
+				r.HealthCheck, ok = d.boolv()
 			}
 			return ok
 		})

@@ -20,6 +20,13 @@ func FuzzDecodeWireFast(f *testing.F) {
 	f.Add([]byte(`{"api_version":1,"server":{"levers":[],"transfer_queues":null,"pp_size":1},"loop":{},"inflight":[{"rid":"a","poll":"Failed","transfer_in_flight":null,"transfer_queue":null}],"orphaned_transfers":null}`))
 	f.Add([]byte(`{"api_version":1,"server":{"levers":null,"lever_note":"mid-2025 NIXL"},"loop":{},"inflight":[{"rid":"a","poll":"Failed","transfer_queue":1,"transfer_queue":null}],"orphaned_transfers":[]}`))
 	f.Add([]byte(`{"api_version":1,"server":{"levers":["abort"],"levers":["x","y"]},"loop":{},"inflight":[],"orphaned_transfers":[{"bootstrap_room":1,"outstanding_chunks":1}],"orphaned_transfers":[{"transfer_queue":0}]}`))
+	// Round 3: decode listings, every new field in its null, empty and
+	// repeated forms.
+	f.Add([]byte(decodeListing))
+	f.Add([]byte(`{"api_version":1,"server":{"disaggregation_mode":"decode","deferred_release":null},"loop":{},"inflight":[],"queues":{"prealloc":0,"transfer":2},"decode_requests":null}`))
+	f.Add([]byte(`{"api_version":1,"server":{"deferred_release":false,"transfer_tracking":true},"loop":{},"inflight":[],"decode_requests":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{"transfer_tracking":null,"transfer_tracking":false},"loop":{},"inflight":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"prealloc","poll":"Failed","chunks_expected":1,"chunks_expected":null,"transfer_started":true,"transfer_started":null}],"decode_requests":[{"rid":"b"}]}`))
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
 	for _, p := range files {
 		if b, err := os.ReadFile(p); err == nil {

@@ -14,6 +14,8 @@ func FuzzDecodeListing(f *testing.F) {
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","bootstrap_room":18446744073709551615,"poll":"Failed","age_seconds":0,"progress":-1}]}`))
 	f.Add([]byte(round2Listing))
 	f.Add([]byte(`{"api_version":1,"server":{"transfer_queues":2,"pp_size":2,"pp_rank":1},"loop":{},"inflight":[{"rid":"a","poll":"Failed","transfer_queue":1,"transfer_in_flight":false}],"orphaned_transfers":[{"bootstrap_room":1,"transfer_queue":1,"outstanding_chunks":1}]}`))
+	f.Add([]byte(decodeListing))
+	f.Add([]byte(`{"api_version":1,"server":{"disaggregation_mode":"decode"},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"transfer","poll":"Transferring","age_seconds":1,"progress":-1,"chunks_expected":0,"transfer_started":null}]}`))
 	f.Add([]byte(`{"api_version":2}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -35,6 +37,12 @@ func FuzzDecodeListing(f *testing.F) {
 		for i, o := range l.OrphanedTransfers {
 			if o.OutstandingChunks < 1 || !inRange(o.TransferQueue) {
 				t.Fatalf("accepted invalid orphaned transfer %d: %+v", i, o)
+			}
+		}
+		for i, d := range l.DecodeRequests {
+			if d.RID == "" || !validPoll[d.Poll] || !(d.AgeSeconds >= 0) || d.Progress < -1 || (d.Queue != DecodeQueuePrealloc && d.Queue != DecodeQueueTransfer) ||
+				(d.ChunksExpected != nil && *d.ChunksExpected < 0) {
+				t.Fatalf("accepted invalid decode request %d: %+v", i, d)
 			}
 		}
 		if s := l.Server; s.PPSize < 0 || (s.PPSize > 0 && s.PPRank >= s.PPSize) || (s.TransferQueues != nil && *s.TransferQueues < 1) {

@@ -140,6 +140,12 @@ type Server struct {
 	// DeferredRelease is decode's deferred KV release setting (round 3);
 	// nil on prefill or where unknown.
 	DeferredRelease *bool `json:"deferred_release,omitempty"`
+	// TransferTracking is true on prefill when transfer_in_flight and
+	// orphaned_transfers are read from the backend's per-room count of
+	// outstanding chunks (round 3). Otherwise (false, or nil: absent) a
+	// transfer_in_flight of false may only mean the backend exposes
+	// nothing, and proves nothing.
+	TransferTracking *bool `json:"transfer_tracking,omitempty"`
 }
 
 // Loop is the scheduler-loop liveness counter seen by the plugin's hook.

@@ -24,14 +24,19 @@ import (
 // (which may run for the webhook while a cycle observes) never reads them
 // unlocked.
 type stageView struct {
-	rank        *rankState
-	poll        string
-	progress    int64
-	inFlight    bool
-	pid         int
-	iterations  uint64
-	unsupported bool
-	leverNote   string
+	rank          *rankState
+	poll          string
+	progress      int64
+	inFlightKnown bool
+	inFlight      bool
+	tracked       bool // the listing's server.transfer_tracking
+	dqueue        string
+	started       bool
+	addr          string
+	pid           int
+	iterations    uint64
+	unsupported   bool
+	leverNote     string
 }
 
 // candidate is a request to act on: stuck on one of its stages, or queued
@@ -76,7 +81,7 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 			if !r.stuck && !failFast {
 				continue
 			}
-			k := reqKey{dp: rk.dpLabel, roomKey: key}
+			k := reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}
 			if st := w.requests[k]; st != nil && (st.done || st.acting || now.Before(st.nextAttempt)) {
 				continue
 			}
@@ -112,7 +117,7 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 // names a stage that cannot be acted on now. Caller holds w.mu.
 func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 	for _, rk := range w.ranks {
-		if !rk.listed || rk.dpLabel != k.dp {
+		if !rk.listed || rk.role != k.role || rk.dpLabel != k.dp {
 			continue
 		}
 		if !rk.status.up || rk.wedged {
@@ -120,8 +125,8 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 			continue
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
-			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlight: r.inFlightKnown && r.inFlight,
-				pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlightKnown: r.inFlightKnown, inFlight: r.inFlightKnown && r.inFlight,
+				tracked: rk.server.TransferTracking != nil && *rk.server.TransferTracking, dqueue: r.dqueue, started: r.started, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked
@@ -208,6 +213,18 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
 		}
 	}
+	// The safety rule comes before the re-reads: a held request costs its
+	// plugins no listing. The re-read below cancels the call if anything
+	// the rule read (poll, queue, transfer_started) changed since.
+	prefillStopped := false
+	if c.key.role == RoleDecode {
+		var cleared bool
+		var held []Event
+		prefillStopped, cleared, held = w.decodeCleared(ctx, c, trigger)
+		if !cleared {
+			return held
+		}
+	}
 	// The re-reads below cost the plugins a full listing each: only make
 	// them for a call the rate limit would let through.
 	if !w.callAvailable(c.failFast) {
@@ -216,7 +233,7 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	// Re-read every stage: the request must be there, unchanged, right
 	// before the call. Progress that arrived since the decision cancels it.
 	var targets []stageView
-	var ages []float64
+	var reread []entry
 	for _, s := range c.stages {
 		l, err := s.rank.source.Inflight(ctx)
 		if err != nil {
@@ -225,17 +242,20 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		if l.Server.Levers != nil && len(l.Server.Levers) == 0 {
 			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+l.Server.LeverNote)
 		}
-		now := findRoom(l, c.key.roomKey)
+		if roleOf(l) != c.key.role {
+			return w.skip(c, SkipSourceDown, trigger, s.rank.status.target+" changed its disaggregation mode since the decision")
+		}
+		now := findEntry(l, c.key.roomKey)
 		if now == nil {
 			continue
 		}
-		movedInFlight := c.failFast && (now.TransferInFlight == nil || *now.TransferInFlight)
-		if now.Poll != s.poll || now.Progress != s.progress || movedInFlight || now.HealthCheck || l.Loop.Iterations < s.iterations ||
-			l.Server.PID != s.pid || (now.TransferInFlight != nil && *now.TransferInFlight != s.inFlight) {
-			return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.Poll, s.progress, now.Progress))
+		movedInFlight := c.failFast && (now.inFlight == nil || *now.inFlight)
+		if now.poll != s.poll || now.progress != s.progress || movedInFlight || now.health || l.Loop.Iterations < s.iterations ||
+			l.Server.PID != s.pid || (now.inFlight != nil && *now.inFlight != s.inFlight) || now.dqueue != s.dqueue || now.started != s.started {
+			return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.poll, s.progress, now.progress))
 		}
 		targets = append(targets, s)
-		ages = append(ages, now.AgeSeconds)
+		reread = append(reread, *now)
 	}
 	if len(targets) == 0 {
 		return w.skip(c, SkipGone, trigger, "the request left the listing before the call")
@@ -254,19 +274,23 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	// The baseline for confirming the release is taken before the call: a
 	// /metrics read landing between the release and the answer would
 	// otherwise already count it, and the counter would never rise past it.
+	family := failureFamily(&reread[0])
 	baseline := 0.0
 	if w.metrics != nil {
-		baseline, _ = w.metrics.transferFailed()
+		baseline, _ = w.metrics.counter(family)
 	}
 	w.mu.Unlock()
 
-	age := ages[0]
+	age := reread[0].age
 	reason := fmt.Sprintf("sglang-watchdog: stuck %.0fs in %s with no progress for %s", age, c.poll, w.cfg.StallWindow)
-	if c.failFast {
+	switch {
+	case c.failFast:
 		reason = fmt.Sprintf("sglang-watchdog: queued %.0fs behind wedged transfer queue %d; only a restart clears it", age, c.queue)
+	case c.key.role == RoleDecode:
+		reason = fmt.Sprintf("sglang-watchdog: decode request stuck %.0fs in the %s queue in %s with no progress for %s", age, reread[0].dqueue, c.poll, w.cfg.StallWindow)
 	}
 	room := c.key.room
-	order := pluginapi.ForceFailRequest{RID: c.key.rid, BootstrapRoom: &room, Reason: reason, DryRun: mode == ModeDryRun}
+	order := pluginapi.ForceFailRequest{RID: c.key.rid, BootstrapRoom: &room, Reason: reason, DryRun: mode == ModeDryRun, PrefillStopped: prefillStopped}
 	answers := make([]stageAnswer, len(targets))
 	for i, s := range targets {
 		status, resp, err := s.rank.source.ForceFail(ctx, order)
@@ -283,10 +307,13 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	if result != outAwait && result != ResultWouldFlip {
 		logger = level.Error(w.logger)
 	}
-	fields := []interface{}{"msg", "force-fail call", "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
+	fields := []interface{}{"msg", "force-fail call", "role", c.key.role, "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
 		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", age), "poll", c.poll,
 		"progress", c.progress, "mode", mode, "trigger", trigger, "reason", reason}
-	ev := Event{Kind: EventForceFail, Target: c.rank.status.target, DPRank: c.rank.dpLabel, PPRank: c.rank.ppLabel,
+	if c.key.role == RoleDecode {
+		fields = append(fields, "prefill_stopped", prefillStopped)
+	}
+	ev := Event{Kind: EventForceFail, Role: c.key.role, Target: c.rank.status.target, DPRank: c.rank.dpLabel, PPRank: c.rank.ppLabel,
 		RID: c.key.rid, Room: c.key.room, Age: age, Poll: c.poll, Progress: c.progress, Trigger: trigger}
 	if len(answers) == 1 {
 		a := answers[0]
@@ -311,7 +338,10 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		for _, a := range answers {
 			called = append(called, a.rank)
 		}
-		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, stages: called, trigger: trigger, at: at, baseline: baseline, age: age, poll: c.poll})
+		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, stages: called, trigger: trigger, at: at, family: family, baseline: baseline, age: age, poll: c.poll})
+		if c.key.role == RolePrefill {
+			w.ledger.add(c.key.room, at, noChunkInFlight(targets, reread))
+		}
 		// The plugin's word for a set lever (flipped or already_failed).
 		ev.Result = pluginapi.ResultFlipped
 		if len(answers) == 1 {
@@ -332,19 +362,61 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	default:
 		st.done = true
 	}
-	w.forceFails[[2]string{result, trigger}]++
+	w.forceFails[[3]string{result, trigger, c.key.role}]++
 	ev.Result = result
 	logger.Log(append(fields, "result", result)...)
 	return []Event{ev}
 }
 
-func findRoom(l *pluginapi.Listing, key roomKey) *pluginapi.Room {
-	for i := range l.Inflight {
-		if l.Inflight[i].RID == key.rid && l.Inflight[i].BootstrapRoom == key.room {
-			return &l.Inflight[i]
+// failureFamily is the SGLang counter that a release of the request
+// raises: decode's prealloc queue counts bootstrap failures, everything
+// else transfer failures.
+func failureFamily(e *entry) string {
+	if e.dqueue == pluginapi.DecodeQueuePrealloc {
+		return BootstrapFailedFamily
+	}
+	return TransferFailedFamily
+}
+
+// noChunkInFlight tells whether the plugin reported no chunk of the room
+// in flight on every stage, both at the decision and at the re-read, from
+// a backend whose in-flight chunks it can see (transfer_tracking): an
+// untracked false only means the backend exposes nothing.
+func noChunkInFlight(stages []stageView, reread []entry) bool {
+	for i, s := range stages {
+		if !s.tracked || !reread[i].tracked || !s.inFlightKnown || s.inFlight || reread[i].inFlight == nil || *reread[i].inFlight {
+			return false
 		}
 	}
-	return nil
+	return true
+}
+
+// decodeCleared applies the safety rule to a decode request on every
+// stage that holds it: a transfer that may have started and not finished
+// is released only when SGLang marked the request Failed or the prefill
+// side's verdict is "stopped"; anything else holds it (cleared false, with
+// the skip's events). prefillStopped is the assertion the order may carry.
+func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger string) (prefillStopped, cleared bool, held []Event) {
+	need, failed := false, len(c.stages) > 0
+	for _, s := range c.stages {
+		switch decodeSafety(s.poll, s.started) {
+		case needVerdict:
+			need, failed = true, false
+		case clearNotStarted:
+			failed = false
+		}
+	}
+	if !need {
+		return failed, true, nil
+	}
+	v, err := w.lookupVerdict(ctx, c.stages[0].addr, c.key.room)
+	switch {
+	case err != nil:
+		return false, false, w.skip(c, SkipTransferLive, trigger, "held: transfer may be live: the prefill verdict is not available: "+err.Error())
+	case v.Verdict != pluginapi.VerdictStopped:
+		return false, false, w.skip(c, SkipTransferLive, trigger, fmt.Sprintf("held: transfer may be live: prefill verdict %s (%s); SGLang's own timeout releases it", v.Verdict, v.Reason))
+	}
+	return true, true, nil
 }
 
 func stageDetail(answers []stageAnswer) string {
@@ -473,11 +545,11 @@ func (w *Watchdog) skip(c candidate, reason, trigger, detail string) []Event {
 		return nil
 	}
 	st.skipped[reason] = true
-	w.skips[reason]++
-	level.Warn(w.logger).Log("msg", "stuck request not force-failed", "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
+	w.skips[[2]string{reason, c.key.role}]++
+	level.Warn(w.logger).Log("msg", "stuck request not force-failed", "role", c.key.role, "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
 		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", c.age), "poll", c.poll,
 		"skip", reason, "trigger", trigger, "reason", detail)
-	return []Event{{Kind: EventSkipped, Target: c.rank.status.target, DPRank: c.rank.dpLabel, PPRank: c.rank.ppLabel,
+	return []Event{{Kind: EventSkipped, Role: c.key.role, Target: c.rank.status.target, DPRank: c.rank.dpLabel, PPRank: c.rank.ppLabel,
 		RID: c.key.rid, Room: c.key.room, Age: c.age, Poll: c.poll, Progress: c.progress, Reason: reason, Trigger: trigger}}
 }
 
@@ -488,13 +560,12 @@ func (w *Watchdog) skip(c candidate, reason, trigger, detail string) []Event {
 // baseline first. Caller holds w.mu.
 func (w *Watchdog) confirm(now time.Time) []Event {
 	var events []Event
-	v, counterOK := 0.0, w.metrics == nil
 	if w.metrics != nil {
-		v, counterOK = w.metrics.transferFailed()
-		counterOK = counterOK && w.metrics.status.up
-		if counterOK && v < w.claimed {
-			// SGLang restarted and its counter began again.
-			w.claimed = v
+		for fam, claimed := range w.claimed {
+			if v, ok := w.metrics.counter(fam); ok && w.metrics.status.up && v < claimed {
+				// SGLang restarted and its counter began again.
+				w.claimed[fam] = v
+			}
 		}
 	}
 	sort.SliceStable(w.pending, func(i, j int) bool { return w.pending[i].baseline < w.pending[j].baseline })
@@ -503,24 +574,25 @@ func (w *Watchdog) confirm(now time.Time) []Event {
 		gone := p.gone()
 		rose := true
 		if w.metrics != nil {
-			rose = counterOK && v-max(p.baseline, w.claimed) >= 1
+			v, ok := w.metrics.counter(p.family)
+			rose = ok && w.metrics.status.up && v-max(p.baseline, w.claimed[p.family]) >= 1
 		}
-		ev := Event{Target: p.rank.status.target, DPRank: p.rank.dpLabel, PPRank: p.rank.ppLabel, RID: p.key.rid, Room: p.key.room, Age: p.age, Poll: p.poll, Trigger: p.trigger}
+		ev := Event{Role: p.key.role, Target: p.rank.status.target, DPRank: p.rank.dpLabel, PPRank: p.rank.ppLabel, RID: p.key.rid, Room: p.key.room, Age: p.age, Poll: p.poll, Trigger: p.trigger}
 		switch {
 		case gone && rose:
 			if w.metrics != nil {
-				w.claimed = max(p.baseline, w.claimed) + 1
+				w.claimed[p.family] = max(p.baseline, w.claimed[p.family]) + 1
 			}
-			w.forceFails[[2]string{ResultReleased, p.trigger}]++
+			w.forceFails[[3]string{ResultReleased, p.trigger, p.key.role}]++
 			ev.Kind, ev.Result = EventReleased, ResultReleased
-			level.Info(w.logger).Log("msg", "release confirmed", "rid", p.key.rid, "room", p.key.room, "target", p.rank.status.target,
+			level.Info(w.logger).Log("msg", "release confirmed", "role", p.key.role, "counter", p.family, "rid", p.key.rid, "room", p.key.room, "target", p.rank.status.target,
 				"dp_rank", p.rank.dpLabel, "pp_rank", p.rank.ppLabel, "stages", len(p.stages), "age", fmt.Sprintf("%.1f", p.age), "poll", p.poll, "trigger", p.trigger,
 				"after", now.Sub(p.at).Round(time.Millisecond))
 			events = append(events, ev)
 		case now.Sub(p.at) >= w.cfg.ConfirmTimeout:
-			w.forceFails[[2]string{ResultUnconfirmed, p.trigger}]++
+			w.forceFails[[3]string{ResultUnconfirmed, p.trigger, p.key.role}]++
 			ev.Kind, ev.Result = EventUnconfirmed, ResultUnconfirmed
-			level.Error(w.logger).Log("msg", "release not confirmed", "rid", p.key.rid, "room", p.key.room, "target", p.rank.status.target,
+			level.Error(w.logger).Log("msg", "release not confirmed", "role", p.key.role, "counter", p.family, "rid", p.key.rid, "room", p.key.room, "target", p.rank.status.target,
 				"dp_rank", p.rank.dpLabel, "pp_rank", p.rank.ppLabel, "stages", len(p.stages), "age", fmt.Sprintf("%.1f", p.age), "poll", p.poll, "trigger", p.trigger,
 				"left_listing", gone, "counter_rose", rose, "reason", "lever set but release not seen within the confirm timeout (one counter rise per release)")
 			events = append(events, ev)

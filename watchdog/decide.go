@@ -1,19 +1,28 @@
 package watchdog
 
-import "time"
+import (
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
 
 // Decisions are pure functions of state, configuration and the clock, so
 // that they can be tested on a fake clock without HTTP.
 
-// roomStuck tells whether a request is stuck: old enough, with neither poll
-// nor progress changing for the stall window, while the scheduler loop kept
+// roomStuck tells whether a request is stuck: older than its role's
+// deadline, with neither poll nor progress (nor, on decode, its queue)
+// changing for the stall window, while the scheduler loop kept
 // running (otherwise every room looks frozen and the observations are
 // stale), and not one of SGLang's own health checks.
 func roomStuck(r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
 	if r.health {
 		return false
 	}
-	if r.age < cfg.Deadline.Seconds() {
+	deadline := cfg.Deadline
+	if r.dqueue != "" {
+		deadline = cfg.DecodeDeadline
+	}
+	if r.age < deadline.Seconds() {
 		return false
 	}
 	if now.Sub(r.lastChange) < cfg.StallWindow {
@@ -67,6 +76,10 @@ const unknownQueue = -1
 // does not advance the observations are stale: nothing new is diagnosed and
 // the previous verdicts stand.
 func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transferWedge {
+	if rk.role == RoleDecode {
+		// The wedge rules read prefill's transfer fields; decode has none.
+		return nil
+	}
 	if !rk.loopAdvancing {
 		return rk.wedges
 	}
@@ -134,4 +147,31 @@ func failFastEligible(r *roomState, rk *rankState) bool {
 	}
 	w, ok := rk.wedges[r.queue]
 	return ok && w.diagnosed && rk.loopAdvancing
+}
+
+// decodeClearance is what the safety rule allows for one decode request.
+type decodeClearance int
+
+const (
+	// clearNotStarted: no transfer into its pages began, nothing can be
+	// writing into them; released without asking prefill.
+	clearNotStarted decodeClearance = iota
+	// clearFailed: SGLang itself marked the request Failed.
+	clearFailed
+	// needVerdict: the transfer may have started and not finished; only a
+	// "stopped" verdict of the prefill side allows the release.
+	needVerdict
+)
+
+// decodeSafety applies the safety rule to one stage of a decode request:
+// its poll and whether its transfer may have started (unknown counts as
+// started).
+func decodeSafety(poll string, started bool) decodeClearance {
+	switch {
+	case poll == pluginapi.PollFailed:
+		return clearFailed
+	case !started:
+		return clearNotStarted
+	}
+	return needVerdict
 }

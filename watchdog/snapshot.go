@@ -18,13 +18,26 @@ type Snapshot struct {
 	MetricsSampled bool
 	SinceProgress  time.Duration
 
-	ForceFails    map[[2]string]uint64 // [result, trigger], every pair present
-	Skips         map[string]uint64    // every reason present
-	Webhook       map[string]uint64
-	Restarts      map[string]uint64 // every restart result present
-	TrackedRooms  int
-	RoomLimitHits uint64
-	LastCycle     time.Duration
+	// ForceFails and Skips sum over roles; RoleForceFails ([result,
+	// trigger, role]) and RoleSkips ([reason, role]) split them, every
+	// combination present.
+	ForceFails     map[[2]string]uint64
+	Skips          map[string]uint64
+	RoleForceFails map[[3]string]uint64
+	RoleSkips      map[[2]string]uint64
+	// Roles are the roles whose role-labelled counters are exported:
+	// prefill always, decode once a decode rank was listed.
+	Roles []string
+	// VerdictLookups counts prefill verdict lookups by answer (every
+	// VerdictAnswers value present); LedgerRooms is the size of the
+	// ledger of rooms released on prefill.
+	VerdictLookups map[string]uint64
+	LedgerRooms    int
+	Webhook        map[string]uint64
+	Restarts       map[string]uint64 // every restart result present
+	TrackedRooms   int
+	RoomLimitHits  uint64
+	LastCycle      time.Duration
 }
 
 // SourceStatus is the health of one source. Source is "metrics" or "plugin".
@@ -39,7 +52,11 @@ type SourceStatus struct {
 // targets that report the same DPRank and PPRank (a collision) each have
 // their own; the exporter merges them.
 type RankSnapshot struct {
-	Target                 string
+	Target string
+	// Role is RolePrefill or RoleDecode. On decode, ByPoll, OldestAge,
+	// Stuck and the age histogram are about decode requests (prealloc and
+	// transfer queues).
+	Role                   string
 	DPRank, PPRank, TPRank int
 	Queues                 pluginapi.Queues
 	ByPoll                 map[string]int // every poll state present
@@ -76,22 +93,39 @@ func (w *Watchdog) Snapshot() Snapshot {
 	defer w.mu.Unlock()
 	now := w.clock.Now()
 	s := Snapshot{
-		Mode:          w.mode,
-		ForceFails:    map[[2]string]uint64{},
-		Skips:         map[string]uint64{},
-		Webhook:       map[string]uint64{},
-		Restarts:      map[string]uint64{},
-		TrackedRooms:  w.tracked,
-		RoomLimitHits: w.limits,
-		LastCycle:     w.lastCycle,
+		Mode:           w.mode,
+		ForceFails:     map[[2]string]uint64{},
+		Skips:          map[string]uint64{},
+		RoleForceFails: map[[3]string]uint64{},
+		RoleSkips:      map[[2]string]uint64{},
+		VerdictLookups: map[string]uint64{},
+		LedgerRooms:    w.ledger.len(),
+		Roles:          []string{RolePrefill},
+		Webhook:        map[string]uint64{},
+		Restarts:       map[string]uint64{},
+		TrackedRooms:   w.tracked,
+		RoomLimitHits:  w.limits,
+		LastCycle:      w.lastCycle,
 	}
-	for _, res := range Results {
-		for _, tr := range Triggers {
-			s.ForceFails[[2]string{res, tr}] = w.forceFails[[2]string{res, tr}]
+	for _, role := range Roles {
+		for _, res := range Results {
+			for _, tr := range Triggers {
+				n := w.forceFails[[3]string{res, tr, role}]
+				s.RoleForceFails[[3]string{res, tr, role}] = n
+				s.ForceFails[[2]string{res, tr}] += n
+			}
+		}
+		for _, r := range SkipReasons {
+			n := w.skips[[2]string{r, role}]
+			s.RoleSkips[[2]string{r, role}] = n
+			s.Skips[r] += n
 		}
 	}
-	for _, r := range SkipReasons {
-		s.Skips[r] = w.skips[r]
+	if w.decodeSeen {
+		s.Roles = append(s.Roles, RoleDecode)
+	}
+	for _, v := range VerdictAnswers {
+		s.VerdictLookups[v] = w.lookups[v]
 	}
 	for k, v := range w.webhook {
 		s.Webhook[k] = v
@@ -118,7 +152,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 			continue
 		}
 		rs := RankSnapshot{
-			Target: rk.status.target, TransferWedged: len(rk.wedges) > 0, TransferWedges: rk.wedgeCount, Unactionable: map[string]int{},
+			Target: rk.status.target, Role: rk.role, TransferWedged: len(rk.wedges) > 0, TransferWedges: rk.wedgeCount, Unactionable: map[string]int{},
 			DPRank: rk.dpLabel, PPRank: rk.ppLabel, TPRank: rk.server.TPRank,
 			Queues: rk.queues, ByPoll: map[string]int{}, OldestAge: rk.oldest, Stuck: rk.stuck,
 			LoopStall: now.Sub(rk.loopAdvancedAt), Wedged: rk.wedged,

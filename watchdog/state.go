@@ -14,7 +14,8 @@ type roomKey struct {
 // reqKey names one request of one DP rank: under pipeline parallelism every
 // PP stage of the DP rank lists it, and it is acted on once, on all of them.
 type reqKey struct {
-	dp int
+	role string
+	dp   int
 	roomKey
 }
 
@@ -36,6 +37,11 @@ type roomState struct {
 	inFlightKnown bool
 	inFlight      bool
 	queue         int // transfer queue, -1 when unknown
+	// Decode requests only: the decode queue (prealloc, transfer) and
+	// whether a transfer into the request's pages may have begun (unknown
+	// counts as started).
+	dqueue  string
+	started bool
 
 	stuck bool   // last verdict, for logging transitions
 	seen  uint64 // rank cycle of the last listing that held this room
@@ -106,6 +112,12 @@ type sourceState struct {
 type rankState struct {
 	source PluginSource
 	status sourceState
+	// role is RoleDecode when the listing says disaggregation_mode
+	// "decode", RolePrefill otherwise.
+	role string
+	// noDecodeSupport: a decode plugin that lists no decode_requests
+	// (predates round 3); said once per process.
+	noDecodeSupport bool
 
 	listed bool // a listing has succeeded at least once
 	server pluginapi.Server
@@ -161,8 +173,9 @@ type metricsState struct {
 	lastProgress time.Time
 }
 
-func (m *metricsState) transferFailed() (float64, bool) {
-	v, ok := m.progress[TransferFailedFamily]
+// counter returns the total of one failure counter family.
+func (m *metricsState) counter(family string) (float64, bool) {
+	v, ok := m.progress[family]
 	return v, ok
 }
 
@@ -180,7 +193,8 @@ type pending struct {
 	stages   []*rankState // every stage the lever was set on
 	trigger  string
 	at       time.Time
-	baseline float64 // TransferFailedFamily total when the lever was set
+	family   string  // the failure counter that confirms this release
+	baseline float64 // its total when the lever was set
 	age      float64
 	poll     string
 }

@@ -26,6 +26,20 @@ const (
 // increments; a release is confirmed when it rises.
 const TransferFailedFamily = "sglang:num_transfer_failed_reqs_total"
 
+// BootstrapFailedFamily is the counter that decode's prealloc queue
+// increments for a request that fails there; a decode release from the
+// prealloc queue is confirmed when it rises.
+const BootstrapFailedFamily = "sglang:num_bootstrap_failed_reqs_total"
+
+// Roles of a plugin rank, the `role` label of per-rank series.
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Roles lists every role.
+var Roles = []string{RolePrefill, RoleDecode}
+
 // GaugeKey names one PD queue gauge of one scheduler rank, as read from
 // SGLang's /metrics. Ranks are label values; absent ones are "0".
 type GaugeKey struct {
@@ -122,14 +136,18 @@ const (
 	// SkipUnsupported: the rank's listing says no lever works here
 	// (server.levers is empty), so no call is made.
 	SkipUnsupported = "unsupported"
+	// SkipTransferLive: a decode request whose transfer started is held
+	// because its prefill peer is not known to have stopped sending
+	// ("held: transfer may be live"); SGLang's own timeout releases it.
+	SkipTransferLive = "transfer_live"
 )
 
 // SkipReasons lists every skip reason.
-var SkipReasons = []string{SkipModeOff, SkipRateLimited, SkipProgressed, SkipGone, SkipSourceDown, SkipUnsupported}
+var SkipReasons = []string{SkipModeOff, SkipRateLimited, SkipProgressed, SkipGone, SkipSourceDown, SkipUnsupported, SkipTransferLive}
 
 // UnactionableReasons are the skip reasons that leave a stuck request
 // stuck for as long as they last (sglang_watchdog_stuck_unactionable_requests).
-var UnactionableReasons = []string{SkipSourceDown, SkipUnsupported}
+var UnactionableReasons = []string{SkipSourceDown, SkipUnsupported, SkipTransferLive}
 
 // Results of a restart escalation (sglang_watchdog_restarts_total).
 const (
@@ -166,6 +184,7 @@ const (
 // Event is one decision or action, for the demo's narration and for tests.
 type Event struct {
 	Kind     EventKind
+	Role     string
 	Target   string
 	DPRank   int
 	PPRank   int

@@ -26,9 +26,13 @@ type Config struct {
 	Interval        time.Duration // listing read and decision cycle
 	MetricsInterval time.Duration // SGLang /metrics read
 	Deadline        time.Duration
-	StallWindow     time.Duration
-	PinWindow       time.Duration
-	MaxRooms        int
+	// DecodeDeadline is the deadline of decode requests (time in the
+	// decode prealloc and transfer queues); zero means
+	// DefaultDecodeDeadline.
+	DecodeDeadline time.Duration
+	StallWindow    time.Duration
+	PinWindow      time.Duration
+	MaxRooms       int
 
 	Mode           Mode
 	MaxPerMinute   int
@@ -50,6 +54,16 @@ type Config struct {
 	RestartMode        Mode
 	RestartMinInterval time.Duration
 
+	// Verdicts answers, for a decode request whose transfer started,
+	// whether its prefill peer stopped sending. Nil: only this watchdog's
+	// own ledger answers (when it watches prefill ranks too); otherwise
+	// every such request is held.
+	Verdicts VerdictSource
+	// LedgerTTL and LedgerSize bound the ledger of rooms released on
+	// prefill; zero means DefaultLedgerTTL and DefaultLedgerSize.
+	LedgerTTL  time.Duration
+	LedgerSize int
+
 	// OnEvent, if set, is called for every decision and action, outside
 	// the watchdog's lock.
 	OnEvent func(Event)
@@ -63,8 +77,8 @@ func (c *Config) validate() error {
 		return errors.New("watchdog: interval must be positive")
 	case c.Metrics != nil && c.MetricsInterval <= 0:
 		return errors.New("watchdog: metrics interval must be positive")
-	case c.Deadline <= 0 || c.StallWindow <= 0 || c.PinWindow <= 0:
-		return errors.New("watchdog: deadline, stall window and pin window must be positive")
+	case c.Deadline <= 0 || c.DecodeDeadline <= 0 || c.StallWindow <= 0 || c.PinWindow <= 0:
+		return errors.New("watchdog: deadlines, stall window and pin window must be positive")
 	case c.MaxRooms <= 0:
 		return errors.New("watchdog: max rooms must be positive")
 	case c.MaxPerMinute < 0:
@@ -99,21 +113,28 @@ type Watchdog struct {
 	ready   bool
 	// requests holds the actuator's bookkeeping per request (all PP stages).
 	requests map[reqKey]*reqState
-	// claimed is the transfer-failed counter value up to which rises have
-	// been matched to releases: one rise confirms one release.
-	claimed float64
+	// claimed is, per failure counter family, the value up to which rises
+	// have been matched to releases: one rise confirms one release.
+	claimed map[string]float64
 	// collisions is the number of targets per (dp_rank, pp_rank), for
 	// logging transitions.
-	collisions map[[2]int]int
-	// missingStages is, per DP rank, how many PP stages its listings
-	// report beyond those watched, for logging changes.
-	missingStages map[int]int
+	collisions map[rankID]int
+	// missingStages is, per DP rank (pp unused), how many PP stages its
+	// listings report beyond those watched, for logging changes.
+	missingStages map[rankID]int
 
-	forceFails map[[2]string]uint64 // result, trigger
-	skips      map[string]uint64
-	webhook    map[string]uint64
-	lastCycle  time.Duration
-	lastEnd    time.Time // when the last cycle ended, for liveness
+	// decodeSeen: a decode rank was listed; only then are the decode
+	// series of role-labelled counters exported.
+	decodeSeen bool
+	forceFails map[[3]string]uint64 // result, trigger, role
+	skips      map[[2]string]uint64 // reason, role
+	// ledger holds the rooms this watchdog released on prefill, for the
+	// verdicts decode-side watchdogs ask for.
+	ledger    *ledger
+	lookups   map[string]uint64 // prefill verdict lookups by answer
+	webhook   map[string]uint64
+	lastCycle time.Duration
+	lastEnd   time.Time // when the last cycle ended, for liveness
 
 	act       sync.Mutex  // serialises actuation, the only outward effect
 	callTimes []time.Time // requests acted on in the last minute, for the rate limit
@@ -140,6 +161,15 @@ func New(cfg Config) (*Watchdog, error) {
 	if cfg.RestartMode == "" {
 		cfg.RestartMode = ModeOff
 	}
+	if cfg.DecodeDeadline <= 0 {
+		cfg.DecodeDeadline = DefaultDecodeDeadline
+	}
+	if cfg.LedgerTTL <= 0 {
+		cfg.LedgerTTL = DefaultLedgerTTL
+	}
+	if cfg.LedgerSize <= 0 {
+		cfg.LedgerSize = DefaultLedgerSize
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -148,13 +178,16 @@ func New(cfg Config) (*Watchdog, error) {
 		logger:        cfg.Logger,
 		clock:         cfg.Clock,
 		mode:          cfg.Mode,
-		forceFails:    map[[2]string]uint64{},
-		skips:         map[string]uint64{},
+		forceFails:    map[[3]string]uint64{},
+		skips:         map[[2]string]uint64{},
+		claimed:       map[string]float64{},
+		ledger:        newLedger(cfg.LedgerTTL, cfg.LedgerSize),
+		lookups:       map[string]uint64{},
 		webhook:       map[string]uint64{},
 		scrapeNow:     make(chan struct{}, 1),
 		requests:      map[reqKey]*reqState{},
-		collisions:    map[[2]int]int{},
-		missingStages: map[int]int{},
+		collisions:    map[rankID]int{},
+		missingStages: map[rankID]int{},
 		restarts:      map[string]uint64{},
 		restarted:     map[procKey]bool{},
 	}
@@ -331,6 +364,12 @@ func (w *Watchdog) evaluateGauges(now time.Time) []Event {
 	return events
 }
 
+// rankID names a rank by role, DP and PP rank.
+type rankID struct {
+	role   string
+	dp, pp int
+}
+
 type listingResult struct {
 	listing  *pluginapi.Listing
 	err      error
@@ -412,11 +451,19 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		// A new process: its transfer workers and orphans are new too.
 		rk.gen++
 		rk.leverWarned = false
+		rk.noDecodeSupport = false
 		clear(rk.orphans)
 		clear(rk.queueChange)
 		clear(rk.wedges)
 	}
 	rk.server = l.Server
+	rk.role = roleOf(l)
+	w.decodeSeen = w.decodeSeen || rk.role == RoleDecode
+	if rk.role == RoleDecode && l.DecodeRequests == nil && !rk.noDecodeSupport {
+		rk.noDecodeSupport = true
+		level.Error(w.logger).Log("msg", "decode plugin without decode support (no decode_requests in its listing): nothing on this rank is watched or acted on; upgrade the plugin",
+			"target", rk.status.target, "dp_rank", l.Server.DPRank, "pp_rank", l.Server.PPRank, "pid", l.Server.PID)
+	}
 	if rk.unsupported() && !rk.leverWarned {
 		rk.leverWarned = true
 		level.Error(w.logger).Log("msg", "no force-fail lever works on this SGLang version and backend: stuck requests on this rank are detected and alerted on, never force-failed",
@@ -442,27 +489,31 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 
 	rk.cycle++
 	limitHit := false
-	for i := range l.Inflight {
-		lr := &l.Inflight[i]
-		key := roomKey{lr.RID, lr.BootstrapRoom}
+	listed := entries(l)
+	for i := range listed {
+		lr := &listed[i]
+		key := lr.key()
 		r, ok := rk.rooms[key]
 		if !ok {
 			if w.tracked >= w.cfg.MaxRooms || len(rk.rooms) >= max(1, w.cfg.MaxRooms/len(w.ranks)) {
 				limitHit = true
 				continue
 			}
-			r = &roomState{firstSeen: now, lastChange: now, iterAtChange: l.Loop.Iterations, poll: lr.Poll, progress: lr.Progress}
+			r = &roomState{firstSeen: now, lastChange: now, iterAtChange: l.Loop.Iterations, poll: lr.poll, progress: lr.progress,
+				dqueue: lr.dqueue, started: lr.started}
 			rk.rooms[key] = r
 			w.tracked++
-		} else if r.poll != lr.Poll || r.progress != lr.Progress {
-			r.poll, r.progress = lr.Poll, lr.Progress
+		} else if r.poll != lr.poll || r.progress != lr.progress || r.dqueue != lr.dqueue || r.started != lr.started {
+			// On decode, moving between queues or a transfer beginning is
+			// progress too.
+			r.poll, r.progress, r.dqueue, r.started = lr.poll, lr.progress, lr.dqueue, lr.started
 			r.lastChange = now
 			r.iterAtChange = l.Loop.Iterations
 			if r.queue != unknownQueue {
 				rk.queueChange[r.queue] = now
 			}
 		}
-		inFlightKnown, inFlight := lr.TransferInFlight != nil, lr.TransferInFlight != nil && *lr.TransferInFlight
+		inFlightKnown, inFlight := lr.inFlight != nil, lr.inFlight != nil && *lr.inFlight
 		if ok && (inFlightKnown != r.inFlightKnown || inFlight != r.inFlight) {
 			// A chunk taken up or settled is the transfer worker moving.
 			r.lastChange = now
@@ -472,19 +523,19 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 			}
 		}
 		r.inFlightKnown, r.inFlight = inFlightKnown, inFlight
-		r.queue = queueIndex(lr.TransferQueue)
+		r.queue = queueIndex(lr.queue)
 		if _, ok := rk.queueChange[r.queue]; !ok && r.queue != unknownQueue {
 			rk.queueChange[r.queue] = now
 		}
 		r.seen = rk.cycle
-		r.age = lr.AgeSeconds
-		r.health = lr.HealthCheck
-		r.addr = lr.BootstrapAddr
-		r.prompt = lr.PromptTokens
+		r.age = lr.age
+		r.health = lr.health
+		r.addr = lr.addr
+		r.prompt = lr.prompt
 	}
 	if limitHit {
 		w.limits++
-		level.Error(w.logger).Log("msg", "room limit reached; rooms beyond it are not tracked and never acted on", "target", rk.status.target, "max_rooms", w.cfg.MaxRooms, "listed", len(l.Inflight))
+		level.Error(w.logger).Log("msg", "room limit reached; rooms beyond it are not tracked and never acted on", "target", rk.status.target, "max_rooms", w.cfg.MaxRooms, "listed", len(listed))
 	}
 	for key, r := range rk.rooms {
 		if r.seen == rk.cycle {
@@ -495,6 +546,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		w.tracked--
 	}
 	for _, o := range l.OrphanedTransfers {
+		w.ledger.orphaned(o.BootstrapRoom)
 		st, ok := rk.orphans[o.BootstrapRoom]
 		if !ok {
 			st = &orphanState{firstSeen: now}
@@ -547,12 +599,12 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		stuck := roomStuck(r, rk, now, &w.cfg)
 		if stuck {
 			rk.stuck++
-			if st := w.requests[reqKey{dp: rk.dpLabel, roomKey: key}]; st != nil && !st.done && st.lastSkip != "" {
+			if st := w.requests[reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}]; st != nil && !st.done && st.lastSkip != "" {
 				rk.unactionable[st.lastSkip]++
 			}
 		}
 		if stuck && !r.stuck {
-			level.Warn(w.logger).Log("msg", "request stuck", "rid", key.rid, "room", key.room, "target", rk.status.target,
+			level.Warn(w.logger).Log("msg", "request stuck", "role", rk.role, "rid", key.rid, "room", key.room, "target", rk.status.target,
 				"dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "age", fmt.Sprintf("%.1f", r.age), "poll", r.poll, "progress", r.progress,
 				"reason", fmt.Sprintf("no change of poll or progress for %s while the scheduler loop ran", now.Sub(r.lastChange).Round(time.Second)))
 			events = append(events, w.roomEvent(EventStuck, rk, key, r))
@@ -596,26 +648,26 @@ func (w *Watchdog) evaluateTransfers(rk *rankState, now time.Time) []Event {
 // on its own rooms, and the exporter merges their series. Caller holds w.mu.
 func (w *Watchdog) checkCollisions() []Event {
 	var events []Event
-	now := map[[2]int][]string{}
+	now := map[rankID][]string{}
 	for _, rk := range w.ranks {
 		if rk.listed {
-			k := [2]int{rk.dpLabel, rk.ppLabel}
+			k := rankID{rk.role, rk.dpLabel, rk.ppLabel}
 			now[k] = append(now[k], rk.status.target)
 		}
 	}
 	for k, targets := range now {
 		if len(targets) > 1 && w.collisions[k] != len(targets) {
-			level.Error(w.logger).Log("msg", "plugin URLs report the same rank: check --plugin.url and the plugin's port mapping", "dp_rank", k[0], "pp_rank", k[1],
+			level.Error(w.logger).Log("msg", "plugin URLs report the same rank: check --plugin.url and the plugin's port mapping", "role", k.role, "dp_rank", k.dp, "pp_rank", k.pp,
 				"targets", strings.Join(targets, ","))
-			events = append(events, Event{Kind: EventRankCollision, DPRank: k[0], PPRank: k[1], Target: strings.Join(targets, ",")})
+			events = append(events, Event{Kind: EventRankCollision, Role: k.role, DPRank: k.dp, PPRank: k.pp, Target: strings.Join(targets, ",")})
 		}
 	}
 	for k, n := range w.collisions {
 		if n > 1 && len(now[k]) <= 1 {
-			level.Info(w.logger).Log("msg", "rank collision resolved", "dp_rank", k[0], "pp_rank", k[1])
+			level.Info(w.logger).Log("msg", "rank collision resolved", "role", k.role, "dp_rank", k.dp, "pp_rank", k.pp)
 		}
 	}
-	w.collisions = map[[2]int]int{}
+	w.collisions = map[rankID]int{}
 	for k, targets := range now {
 		w.collisions[k] = len(targets)
 	}
@@ -627,22 +679,23 @@ func (w *Watchdog) checkCollisions() []Event {
 // every stage fails it, so the missing stages' URLs must be configured.
 // Caller holds w.mu.
 func (w *Watchdog) checkStages() {
-	size, seen := map[int]int{}, map[int]map[int]bool{}
+	size, seen := map[rankID]int{}, map[rankID]map[int]bool{}
 	for _, rk := range w.ranks {
 		if !rk.listed {
 			continue
 		}
-		size[rk.dpLabel] = max(size[rk.dpLabel], rk.server.PPSize)
-		if seen[rk.dpLabel] == nil {
-			seen[rk.dpLabel] = map[int]bool{}
+		dp := rankID{role: rk.role, dp: rk.dpLabel}
+		size[dp] = max(size[dp], rk.server.PPSize)
+		if seen[dp] == nil {
+			seen[dp] = map[int]bool{}
 		}
-		seen[rk.dpLabel][rk.ppLabel] = true
+		seen[dp][rk.ppLabel] = true
 	}
 	for dp, n := range size {
 		missing := max(0, n-len(seen[dp]))
 		if missing > 0 && w.missingStages[dp] != missing {
 			level.Error(w.logger).Log("msg", "PP stages of a DP rank are not watched: force-fails on this DP rank cannot release anything; add a --plugin.url per stage",
-				"dp_rank", dp, "pp_size", n, "stages_watched", len(seen[dp]))
+				"role", dp.role, "dp_rank", dp.dp, "pp_size", n, "stages_watched", len(seen[dp]))
 		}
 		w.missingStages[dp] = missing
 	}
@@ -657,7 +710,7 @@ func (w *Watchdog) pruneRequests() {
 		}
 		held := false
 		for _, rk := range w.ranks {
-			if rk.listed && rk.dpLabel == key.dp {
+			if rk.listed && rk.role == key.role && rk.dpLabel == key.dp {
 				if _, ok := rk.rooms[key.roomKey]; ok {
 					held = true
 					break
@@ -678,7 +731,7 @@ func queueIndex(q *int) int {
 }
 
 func (w *Watchdog) roomEvent(kind EventKind, rk *rankState, key roomKey, r *roomState) Event {
-	return Event{Kind: kind, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
+	return Event{Kind: kind, Role: rk.role, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
 		RID: key.rid, Room: key.room, Age: r.age, Poll: r.poll, Progress: r.progress}
 }
 

@@ -49,8 +49,8 @@ local windows = import '../lib/windows.libsonnet';
           // The watchdog already waits --watchdog.deadline (60s) and
           // --watchdog.stall-window (30s) before it counts a request as stuck;
           // `for` only rides out one cycle in which auto mode or the webhook
-          // releases it.
-          expr: 'sglang_watchdog_stuck_requests > 0',
+          // releases it. Decode requests have their own alert below.
+          expr: 'sglang_watchdog_stuck_requests{role!="decode"} > 0',
           'for': '1m',
           labels: { severity: 'critical' },
           annotations: {
@@ -61,6 +61,28 @@ local windows = import '../lib/windows.libsonnet';
               inflight queue longer than the watchdog deadline with no KV transfer progress
               while the scheduler loop keeps running. Each one holds KV pages and a client
               connection until it is force-failed.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogDecodeRequestStuck',
+          // A decode request counts as stuck after --watchdog.decode-deadline
+          // (180s) and the stall window. In auto mode the watchdog releases it
+          // unless its transfer may still be written (transfer_live); SGLang's
+          // own waiting timeout (300s) fails most of the rest. `for: 5m`
+          // leaves both their time and pages only for what outlives them: a
+          // request SGLang never times out (Mooncake Transferring) holds its
+          // slot and KV pages for ever.
+          expr: 'sglang_watchdog_stuck_requests{role="decode"} > 0',
+          'for': '5m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'A request is stuck in the SGLang decode prealloc or transfer queue.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} decode request(s) on dp_rank {{ $labels.dp_rank }}
+              pp_rank {{ $labels.pp_rank }} of {{ $labels.instance }} have waited for their
+              KV cache longer than the decode deadline with no progress for over 5 minutes.
+              Each one holds a decode slot, KV pages and a client connection.
             |||),
           },
         },
@@ -142,7 +164,9 @@ local windows = import '../lib/windows.libsonnet';
               {{ printf "%.0f" $value }} stuck request(s) on dp_rank {{ $labels.dp_rank }} pp_rank
               {{ $labels.pp_rank }} of {{ $labels.instance }} cannot be force-failed: reason
               {{ $labels.reason }} (source_down: the plugin listing fails intermittently and the
-              re-read before each call fails; unsupported: no lever works on this SGLang).
+              re-read before each call fails; unsupported: no lever works on this SGLang;
+              transfer_live: a decode request whose KV transfer may still be written, held
+              until its prefill peer says it stopped or SGLang times it out).
             |||),
           },
         },
@@ -165,6 +189,25 @@ local windows = import '../lib/windows.libsonnet';
               SGLang's {{ $labels.queue }} queue gauge on dp_rank {{ $labels.dp_rank }} pp_rank
               {{ $labels.pp_rank }} tp_rank {{ $labels.tp_rank }} of {{ $labels.instance }}
               has stayed non-zero and unchanged while no progress counter moved.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogPrefillVerdictUnavailable',
+          // A decode-side watchdog asks the prefill peer's watchdog whether it
+          // stopped sending before it releases a decode request whose transfer
+          // started. Failed lookups (no --decode.prefill-watchdog-url, a host
+          // outside --decode.prefill-networks, the peer unreachable or refusing)
+          // leave every such request to SGLang's own timeout.
+          expr: 'increase(sglang_watchdog_prefill_verdict_lookups_total{verdict="error"}[%s]) > 0' % range('15m'),
+          'for': '15m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The watchdog cannot ask the prefill side whether decode transfers stopped.',
+            description: promql.oneLine(|||
+              Lookups of the prefill watchdog's per-room verdict from {{ $labels.instance }}
+              have been failing for 15 minutes: stuck decode requests whose KV transfer
+              started are held until SGLang's own timeout, never released early.
             |||),
           },
         },

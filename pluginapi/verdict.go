@@ -1,0 +1,227 @@
+package pluginapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The prefill verdict API is served by the prefill-side watchdog, not by
+// the plugin: GET PathRoomVerdict + "<room>" answers what that watchdog
+// knows of the room, so that a decode-side watchdog can tell whether the
+// prefill peer has stopped sending (docs/decode.md).
+const PathRoomVerdict = "/api/v1/rooms/"
+
+// Verdicts of the prefill side on one room.
+const (
+	// VerdictStopped: the prefill watchdog released the room with no
+	// chunk in flight (at the last listing and at the re-read) and the
+	// room was never listed as an orphaned transfer since.
+	VerdictStopped = "stopped"
+	// VerdictLive: the room was released, but a chunk of it may still be
+	// written (in flight at release, or listed as an orphan since).
+	VerdictLive = "live"
+	// VerdictInQueue: a prefill inflight listing still holds the room.
+	VerdictInQueue = "in_queue"
+	// VerdictUnknown: this watchdog knows nothing of the room.
+	VerdictUnknown = "unknown"
+)
+
+// RoomVerdict is the body of a verdict answer. Room is a decimal string,
+// so that clients in any language keep all 64 bits.
+type RoomVerdict struct {
+	Room    string `json:"room"`
+	Verdict string `json:"verdict"`
+	// ReleasedSecondsAgo is how long ago the answering watchdog released
+	// the room (stopped, live); a duration, so that no two hosts' wall
+	// clocks are compared.
+	ReleasedSecondsAgo float64 `json:"released_seconds_ago,omitempty"`
+	Reason             string  `json:"reason,omitempty"`
+}
+
+// maxVerdictBytes caps a verdict body: a few hundred bytes in practice.
+const maxVerdictBytes = 4096
+
+// FetchVerdict asks the watchdog at base (e.g. http://10.0.0.7:9433) for its
+// verdict on room. Any error or unexpected answer is an error: the caller
+// must then treat the transfer as possibly live.
+func FetchVerdict(ctx context.Context, client *http.Client, base string, room uint64) (RoomVerdict, error) {
+	url := strings.TrimRight(base, "/") + PathRoomVerdict + strconv.FormatUint(room, 10)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: %w", url, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxVerdictBytes+1))
+	if err != nil {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: reading body: %w", url, err)
+	}
+	if len(body) > maxVerdictBytes {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: body exceeds %d bytes", url, maxVerdictBytes)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: HTTP %d: %s", url, resp.StatusCode, snippet(body))
+	}
+	var v RoomVerdict
+	if err := json.Unmarshal(body, &v); err != nil {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: malformed verdict: %w", url, err)
+	}
+	if v.Room != strconv.FormatUint(room, 10) {
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: verdict for room %q, asked for %d", url, v.Room, room)
+	}
+	switch v.Verdict {
+	case VerdictStopped, VerdictLive, VerdictInQueue, VerdictUnknown:
+		return v, nil
+	}
+	return RoomVerdict{}, errors.New("prefill watchdog " + url + ": unknown verdict " + strconv.Quote(v.Verdict))
+}
+
+// VerdictClientOptions configure a VerdictClient.
+type VerdictClientOptions struct {
+	// URLTemplate is the base URL of a prefill peer's watchdog with
+	// "{host}" where the host of the decode request's bootstrap_addr
+	// goes, e.g. http://{host}:9433.
+	URLTemplate string
+	// Networks are the networks a bootstrap host must be in; the host
+	// comes from listing data, so nothing outside them is ever asked.
+	Networks []netip.Prefix
+	// Client carries the requests (TLS, authentication). Redirects are
+	// never followed.
+	Client *http.Client
+	// Timeout bounds one lookup.
+	Timeout time.Duration
+	// CacheTTL keeps answers other than "stopped" (and failures) that
+	// long, so that a held request does not cost its prefill peer a
+	// lookup every cycle. "stopped" is never cached: an orphan listed
+	// later turns it into "live".
+	CacheTTL time.Duration
+	// Now is the clock of the cache; nil means time.Now.
+	Now func() time.Time
+}
+
+// maxVerdictCache bounds the cache; it is cleared when full.
+const maxVerdictCache = 4096
+
+type verdictCacheKey struct {
+	host netip.Addr
+	room uint64
+}
+
+type verdictCacheEntry struct {
+	v   RoomVerdict
+	err error
+	at  time.Time
+}
+
+// VerdictClient asks the watchdogs of prefill peers for their verdicts on
+// rooms, restricted to configured networks.
+type VerdictClient struct {
+	opts  VerdictClientOptions
+	mu    sync.Mutex
+	cache map[verdictCacheKey]verdictCacheEntry
+}
+
+// NewVerdictClient checks opts and returns a client.
+func NewVerdictClient(opts VerdictClientOptions) (*VerdictClient, error) {
+	if strings.Count(opts.URLTemplate, "{host}") != 1 {
+		return nil, fmt.Errorf("prefill watchdog URL template %q must contain {host} once", opts.URLTemplate)
+	}
+	u, err := url.Parse(strings.Replace(opts.URLTemplate, "{host}", "127.0.0.1", 1))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("prefill watchdog URL template %q must be an http or https URL with {host} as its host, without user, query or fragment", opts.URLTemplate)
+	}
+	if u.Hostname() != "127.0.0.1" {
+		return nil, fmt.Errorf("prefill watchdog URL template %q must have {host} as its whole host", opts.URLTemplate)
+	}
+	if len(opts.Networks) == 0 {
+		return nil, errors.New("prefill watchdog lookups need at least one allowed network")
+	}
+	if opts.Client == nil {
+		return nil, errors.New("prefill watchdog lookups need an HTTP client")
+	}
+	c := *opts.Client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	opts.Client = &c
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &VerdictClient{opts: opts, cache: map[verdictCacheKey]verdictCacheEntry{}}, nil
+}
+
+// BaseURL returns the prefill watchdog URL for a bootstrap address, or an
+// error, without any request, when its host is not an IP address in the
+// allowed networks.
+func (c *VerdictClient) BaseURL(bootstrapAddr string) (string, netip.Addr, error) {
+	host, _, err := net.SplitHostPort(bootstrapAddr)
+	if err != nil {
+		return "", netip.Addr{}, fmt.Errorf("bootstrap_addr %q: %w", bootstrapAddr, err)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		return "", netip.Addr{}, fmt.Errorf("bootstrap_addr %q: the host must be an IP address (names are never resolved for a lookup)", bootstrapAddr)
+	}
+	ip = ip.Unmap()
+	allowed := false
+	for _, n := range c.opts.Networks {
+		if n.Contains(ip) {
+			allowed = true
+			break
+		}
+	}
+	if !allowed {
+		return "", ip, fmt.Errorf("bootstrap_addr %q is outside the allowed prefill networks: not asked", bootstrapAddr)
+	}
+	h := ip.String()
+	if ip.Is6() {
+		h = "[" + h + "]"
+	}
+	return strings.Replace(c.opts.URLTemplate, "{host}", h, 1), ip, nil
+}
+
+// Verdict asks the watchdog of the prefill peer at bootstrapAddr for its
+// verdict on room.
+func (c *VerdictClient) Verdict(ctx context.Context, bootstrapAddr string, room uint64) (RoomVerdict, error) {
+	base, ip, err := c.BaseURL(bootstrapAddr)
+	if err != nil {
+		return RoomVerdict{}, err
+	}
+	key := verdictCacheKey{ip, room}
+	now := c.opts.Now()
+	c.mu.Lock()
+	e, ok := c.cache[key]
+	c.mu.Unlock()
+	if ok && now.Sub(e.at) < c.opts.CacheTTL {
+		return e.v, e.err
+	}
+	if c.opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)
+		defer cancel()
+	}
+	v, err := FetchVerdict(ctx, c.opts.Client, base, room)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && v.Verdict == VerdictStopped {
+		delete(c.cache, key)
+		return v, nil
+	}
+	if len(c.cache) >= maxVerdictCache {
+		clear(c.cache)
+	}
+	c.cache[key] = verdictCacheEntry{v: v, err: err, at: now}
+	return v, err
+}

@@ -1,0 +1,74 @@
+package watchdog
+
+import "github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+
+// entry is one request of a listing, prefill room or decode request, in
+// the fields the watchdog decides on.
+type entry struct {
+	rid      string
+	room     uint64
+	addr     string
+	poll     string
+	age      float64
+	progress int64
+	health   bool
+	prompt   int
+	// Prefill only (nil on decode and with an older plugin). tracked: the
+	// listing says inFlight is read from the backend (server
+	// transfer_tracking), so that false means no chunk in flight.
+	inFlight *bool
+	queue    *int
+	tracked  bool
+	// Decode only.
+	dqueue  string
+	started bool
+}
+
+func (e *entry) key() roomKey { return roomKey{e.rid, e.room} }
+
+// roleOf tells a rank's role from its listing.
+func roleOf(l *pluginapi.Listing) string {
+	if l.Server.DisaggregationMode == pluginapi.ModeDecode {
+		return RoleDecode
+	}
+	return RolePrefill
+}
+
+// entries lists the requests of a listing that the watchdog watches: the
+// inflight rooms of a prefill rank, the decode requests of a decode rank.
+func entries(l *pluginapi.Listing) []entry {
+	if roleOf(l) == RoleDecode {
+		out := make([]entry, len(l.DecodeRequests))
+		for i := range l.DecodeRequests {
+			d := &l.DecodeRequests[i]
+			out[i] = entry{rid: d.RID, room: d.BootstrapRoom, addr: d.BootstrapAddr, poll: d.Poll, age: d.AgeSeconds,
+				progress: d.Progress, health: d.HealthCheck, dqueue: d.Queue, started: transferMayHaveStarted(d)}
+		}
+		return out
+	}
+	tracked := l.Server.TransferTracking != nil && *l.Server.TransferTracking
+	out := make([]entry, len(l.Inflight))
+	for i := range l.Inflight {
+		r := &l.Inflight[i]
+		out[i] = entry{rid: r.RID, room: r.BootstrapRoom, addr: r.BootstrapAddr, poll: r.Poll, age: r.AgeSeconds, progress: r.Progress,
+			health: r.HealthCheck, prompt: r.PromptTokens, inFlight: r.TransferInFlight, queue: r.TransferQueue, tracked: tracked}
+	}
+	return out
+}
+
+// findEntry returns the listed request with key, or nil.
+func findEntry(l *pluginapi.Listing, key roomKey) *entry {
+	for _, e := range entries(l) {
+		if e.key() == key {
+			return &e
+		}
+	}
+	return nil
+}
+
+// transferMayHaveStarted tells whether a transfer into a decode request's
+// pages may have begun. Only an explicit "not started" with nothing else
+// showing a transfer counts as not started: unknown counts as started.
+func transferMayHaveStarted(d *pluginapi.DecodeRequest) bool {
+	return d.TransferStarted == nil || *d.TransferStarted || d.Poll == pluginapi.PollTransferring || d.Progress > 0
+}

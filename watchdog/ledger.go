@@ -1,0 +1,222 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// Defaults of the decode side (docs/decode.md says why).
+const (
+	// DefaultDecodeDeadline sits above the slowest healthy transfer of the
+	// benchmark trace (153 s) and about twice the point at which the
+	// prefill watchdog releases a pinned room (deadline 60 s + stall
+	// window 30 s), and well below SGLang's own 300 s waiting timeout.
+	DefaultDecodeDeadline = 180 * time.Second
+	// DefaultLedgerTTL outlasts SGLang's decode waiting timeout (300 s)
+	// plus its deferred release (30 s) with room to spare: by then decode
+	// has released the request itself.
+	DefaultLedgerTTL = 15 * time.Minute
+	// DefaultLedgerSize bounds the ledger: 15 minutes at the default rate
+	// limit (6 a minute) plus fail-fast (180 a minute) is under 3,000.
+	DefaultLedgerSize = 10000
+)
+
+// VerdictSource answers, for a decode request, what the watchdog of its
+// prefill peer knows of the room. *pluginapi.VerdictClient implements it.
+type VerdictSource interface {
+	Verdict(ctx context.Context, bootstrapAddr string, room uint64) (pluginapi.RoomVerdict, error)
+}
+
+// VerdictAnswers are the values of the `verdict` label of
+// sglang_watchdog_prefill_verdict_lookups_total.
+var VerdictAnswers = []string{pluginapi.VerdictStopped, pluginapi.VerdictLive, pluginapi.VerdictInQueue, pluginapi.VerdictUnknown, "error"}
+
+// ledgerEntry is what the watchdog knew when it released a room on
+// prefill.
+type ledgerEntry struct {
+	at time.Time
+	// stopped: no chunk of the room was in flight at the last listing
+	// before the release nor at the re-read, on every stage.
+	stopped bool
+	// orphaned: the room was listed in orphaned_transfers since.
+	orphaned bool
+}
+
+type ledgerSlot struct {
+	room uint64
+	at   time.Time
+}
+
+// ledger is the bounded, time-limited record of rooms released on
+// prefill. Caller holds w.mu.
+type ledger struct {
+	ttl   time.Duration
+	size  int
+	rooms map[uint64]*ledgerEntry
+	order []ledgerSlot // oldest first; a slot whose time differs from its entry's is stale
+}
+
+func newLedger(ttl time.Duration, size int) *ledger {
+	return &ledger{ttl: ttl, size: size, rooms: map[uint64]*ledgerEntry{}}
+}
+
+func (l *ledger) add(room uint64, at time.Time, stopped bool) {
+	l.rooms[room] = &ledgerEntry{at: at, stopped: stopped}
+	l.order = append(l.order, ledgerSlot{room, at})
+	l.expire(at)
+}
+
+// orphaned marks a released room whose chunks are still outstanding: its
+// transfer may still write.
+func (l *ledger) orphaned(room uint64) {
+	if e, ok := l.rooms[room]; ok {
+		e.orphaned = true
+	}
+}
+
+func (l *ledger) expire(now time.Time) {
+	for len(l.order) > 0 {
+		s := l.order[0]
+		e, ok := l.rooms[s.room]
+		current := ok && e.at.Equal(s.at)
+		if current && now.Sub(s.at) < l.ttl && len(l.rooms) <= l.size {
+			return
+		}
+		if current {
+			delete(l.rooms, s.room)
+		}
+		l.order = l.order[1:]
+	}
+}
+
+func (l *ledger) get(room uint64, now time.Time) *ledgerEntry {
+	l.expire(now)
+	return l.rooms[room]
+}
+
+func (l *ledger) len() int { return len(l.rooms) }
+
+// watchesPrefill tells whether this watchdog reads a prefill rank. Caller
+// holds w.mu.
+func (w *Watchdog) watchesPrefill() bool {
+	for _, rk := range w.ranks {
+		if rk.listed && rk.role == RolePrefill {
+			return true
+		}
+	}
+	return false
+}
+
+// PrefillVerdict answers what this watchdog knows of a room on prefill.
+func (w *Watchdog) PrefillVerdict(room uint64) pluginapi.RoomVerdict {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.prefillVerdict(room, w.clock.Now())
+}
+
+// prefillVerdict: in_queue while a prefill listing holds the room; live
+// while one lists it as an orphaned transfer, or when it was released
+// with a chunk in flight or by a plugin that cannot see chunks in flight;
+// stopped only when released with none in flight and never orphaned
+// since, while every prefill rank is read; unknown otherwise. Caller holds
+// w.mu.
+func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerdict {
+	v := pluginapi.RoomVerdict{Room: strconv.FormatUint(room, 10), Verdict: pluginapi.VerdictUnknown}
+	if room == 0 {
+		v.Reason = "room 0 is a health check or warm-up"
+		return v
+	}
+	down := ""
+	for _, rk := range w.ranks {
+		if !rk.listed || rk.role != RolePrefill {
+			continue
+		}
+		if !rk.status.up {
+			down = rk.status.target
+		}
+		for key := range rk.rooms {
+			if key.room == room {
+				v.Verdict, v.Reason = pluginapi.VerdictInQueue, "listed in the inflight queue of "+rk.status.target
+				return v
+			}
+		}
+		if _, ok := rk.orphans[room]; ok {
+			v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer by "+rk.status.target
+			return v
+		}
+	}
+	e := w.ledger.get(room, now)
+	if e == nil {
+		v.Reason = "not released by this watchdog in the last " + w.cfg.LedgerTTL.String()
+		return v
+	}
+	v.ReleasedSecondsAgo = now.Sub(e.at).Seconds()
+	switch {
+	case e.orphaned:
+		v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer after its release"
+	case !e.stopped:
+		v.Verdict, v.Reason = pluginapi.VerdictLive, "a chunk was in flight at the release, or the plugin cannot see chunks in flight (no transfer_tracking)"
+	case down != "":
+		v.Reason = "released with no chunk in flight, but the listing of " + down + " failed: an orphan could go unseen"
+	default:
+		v.Verdict, v.Reason = pluginapi.VerdictStopped, "released with no chunk in flight, never orphaned since"
+	}
+	return v
+}
+
+// lookupVerdict asks for the prefill side's verdict on a decode request's
+// room: from this watchdog's own ledger when it watches prefill too,
+// otherwise from cfg.Verdicts. It counts the answer.
+func (w *Watchdog) lookupVerdict(ctx context.Context, addr string, room uint64) (pluginapi.RoomVerdict, error) {
+	w.mu.Lock()
+	own := w.watchesPrefill()
+	var v pluginapi.RoomVerdict
+	if own {
+		v = w.prefillVerdict(room, w.clock.Now())
+	}
+	w.mu.Unlock()
+	var err error
+	switch {
+	case own:
+	case w.cfg.Verdicts == nil:
+		err = errors.New("no prefill verdict source: set --decode.prefill-watchdog-url")
+	default:
+		v, err = w.cfg.Verdicts.Verdict(ctx, addr, room)
+	}
+	w.mu.Lock()
+	if err != nil {
+		w.lookups["error"]++
+	} else {
+		w.lookups[v.Verdict]++
+	}
+	w.mu.Unlock()
+	return v, err
+}
+
+// VerdictHandler serves GET pluginapi.PathRoomVerdict + "<room>": this
+// watchdog's read-only verdict on a room, for decode-side watchdogs.
+func (w *Watchdog) VerdictHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			rw.Header().Set("Allow", "GET, HEAD")
+			rw.WriteHeader(http.StatusMethodNotAllowed)
+			json.NewEncoder(rw).Encode(map[string]string{"error": "only GET"})
+			return
+		}
+		room, err := strconv.ParseUint(strings.TrimPrefix(r.URL.Path, pluginapi.PathRoomVerdict), 10, 64)
+		if err != nil || !strings.HasPrefix(r.URL.Path, pluginapi.PathRoomVerdict) {
+			rw.WriteHeader(http.StatusBadRequest)
+			json.NewEncoder(rw).Encode(map[string]string{"error": "want " + pluginapi.PathRoomVerdict + "<room>, room a decimal integer below 2^64"})
+			return
+		}
+		json.NewEncoder(rw).Encode(w.PrefillVerdict(room))
+	})
+}

@@ -1,0 +1,231 @@
+package watchdog
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+func TestLedgerTTLAndCap(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	l := newLedger(15*time.Minute, 3)
+	l.add(1, t0, true)
+	l.add(2, t0.Add(time.Minute), true)
+	l.add(1, t0.Add(2*time.Minute), false) // released again: the newer entry wins
+	l.add(3, t0.Add(3*time.Minute), true)
+	if e := l.get(1, t0.Add(3*time.Minute)); e == nil || e.stopped {
+		t.Fatalf("room 1 = %+v, want its newer entry (not stopped)", e)
+	}
+	l.add(4, t0.Add(4*time.Minute), true)
+	if l.get(2, t0.Add(4*time.Minute)) != nil || l.len() != 3 {
+		t.Fatalf("cap 3: room 2 (oldest) should be gone, %d kept", l.len())
+	}
+	if l.get(1, t0.Add(17*time.Minute-time.Second)) == nil {
+		t.Fatal("room 1 forgotten before its TTL")
+	}
+	if l.get(1, t0.Add(17*time.Minute)) != nil || l.get(3, t0.Add(18*time.Minute)) != nil {
+		t.Fatal("rooms kept past their TTL")
+	}
+	if l.get(4, t0.Add(18*time.Minute)) == nil {
+		t.Fatal("room 4 forgotten before its TTL")
+	}
+}
+
+// combined watches a prefill and a decode rank, as the demo does: the
+// decode side asks its own ledger.
+func combined(t *testing.T, prefillRoom pluginapi.Room) (*decodeHarness, *fakePlugin, *fakeDecode) {
+	t.Helper()
+	p, d := newFakePlugin("http://127.0.0.1:30100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
+	p.server.TransferTracking = boolp(true)
+	p.set(prefillRoom)
+	d.set(dreq(prefillRoom.RID, prefillRoom.BootstrapRoom, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 100, boolp(true)))
+	return newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil), p, d
+}
+
+func TestLedgerVerdicts(t *testing.T) {
+	t.Run("released with nothing in flight: stopped, decode released", func(t *testing.T) {
+		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
+		h.tick(79)
+		if p.callCount() != 1 || len(d.orders()) != 0 {
+			t.Fatalf("prefill calls %d, decode calls %d; want the prefill room released first", p.callCount(), len(d.orders()))
+		}
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictStopped || v.Room != "11" || v.ReleasedSecondsAgo < 1 {
+			t.Fatalf("verdict %+v, want stopped", v)
+		}
+		h.tick(1)
+		if o := d.orders(); len(o) != 1 || !o[0].PrefillStopped {
+			t.Fatalf("decode orders %+v, want one with prefill_stopped", o)
+		}
+	})
+	t.Run("an orphan listed after the release turns it live", func(t *testing.T) {
+		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
+		h.tick(70)
+		p.mu.Lock()
+		p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 11, TransferQueue: intp(0), OutstandingChunks: 1}}
+		p.mu.Unlock()
+		h.tick(1)
+		p.mu.Lock()
+		p.orphans = nil
+		p.mu.Unlock()
+		h.tick(40)
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+			t.Fatalf("verdict %+v after an orphan came and went, want live", v)
+		}
+		if n := len(d.orders()); n != 0 || h.skips(SkipTransferLive) != 1 {
+			t.Fatalf("%d decode calls, %d held; want the decode request held", n, h.skips(SkipTransferLive))
+		}
+	})
+	t.Run("not in flight, but the backend exposes nothing: live", func(t *testing.T) {
+		// transfer_in_flight false without transfer_tracking (Mooncake, an
+		// older plugin) proves nothing: its worker may still write.
+		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
+		p.server.TransferTracking = nil
+		h.tick(110)
+		if p.callCount() != 1 {
+			t.Fatalf("prefill calls %d, want 1", p.callCount())
+		}
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+			t.Fatalf("verdict %+v, want live", v)
+		}
+		if n := len(d.orders()); n != 0 {
+			t.Fatalf("%d decode calls, want the request held", n)
+		}
+	})
+	t.Run("in flight at release: live", func(t *testing.T) {
+		h, p, d := combined(t, r2room("a", 11, 0, 0, true))
+		h.tick(110)
+		if p.callCount() != 1 {
+			t.Fatalf("prefill calls %d, want 1", p.callCount())
+		}
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+			t.Fatalf("verdict %+v, want live", v)
+		}
+		if n := len(d.orders()); n != 0 {
+			t.Fatalf("%d decode calls, want the request held", n)
+		}
+	})
+	t.Run("still in the prefill queue: in_queue", func(t *testing.T) {
+		r := r2room("a", 11, 0, 0, false)
+		h, p, d := combined(t, r)
+		p.answer = func(req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
+			return http.StatusConflict, &pluginapi.ForceFailResponse{Result: pluginapi.ResultTransferSucceeded, RID: req.RID}, nil
+		}
+		h.tick(110)
+		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictInQueue {
+			t.Fatalf("verdict %+v, want in_queue", v)
+		}
+		if n := len(d.orders()); n != 0 {
+			t.Fatalf("%d decode calls, want the request held", n)
+		}
+	})
+	t.Run("unknown room and health-check room", func(t *testing.T) {
+		h, _, _ := combined(t, r2room("a", 11, 0, 0, false))
+		h.tick(1)
+		for _, room := range []uint64{12, 0} {
+			if v := h.wd.PrefillVerdict(room); v.Verdict != pluginapi.VerdictUnknown {
+				t.Fatalf("room %d: verdict %+v, want unknown", room, v)
+			}
+		}
+	})
+}
+
+// The prefill watchdog serves its verdicts over HTTP; a separate decode
+// watchdog asks it through the real client.
+func TestVerdictOverHTTP(t *testing.T) {
+	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p.server.TransferTracking = boolp(true)
+	p.set(r2room("a", 1<<64-1, 0, 0, false))
+	pre := newDecodeHarness(t, []*fakePlugin{p}, nil, nil)
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		pre.wd.VerdictHandler().ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	client := func(networks ...string) *pluginapi.VerdictClient {
+		var nets []netip.Prefix
+		for _, n := range networks {
+			nets = append(nets, netip.MustParsePrefix(n))
+		}
+		c, err := pluginapi.NewVerdictClient(pluginapi.VerdictClientOptions{URLTemplate: "http://{host}:" + u.Port(), Networks: nets,
+			Client: &http.Client{}, Timeout: time.Second, CacheTTL: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	loop := client("127.0.0.0/8")
+	ctx := context.Background()
+
+	pre.tick(1)
+	if v, err := loop.Verdict(ctx, "127.0.0.1:8998", 1<<64-1); err != nil || v.Verdict != pluginapi.VerdictInQueue || v.Room != "18446744073709551615" {
+		t.Fatalf("verdict %+v, %v; want in_queue for the full 64-bit room", v, err)
+	}
+	pre.tick(70)
+	if p.callCount() != 1 {
+		t.Fatalf("prefill calls %d, want the room released", p.callCount())
+	}
+	// loop cached in_queue for room 1<<64-1; a fresh client asks again.
+	d := newFakeDecode("http://127.0.0.1:30200", 0)
+	d.set(dreq("a", 1<<64-1, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 100, boolp(true)))
+	fresh := client("127.0.0.0/8")
+	dec := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) { c.Verdicts = fresh })
+	dec.tick(80)
+	if o := d.orders(); len(o) != 1 || !o[0].PrefillStopped {
+		t.Fatalf("decode orders %+v, want one with prefill_stopped after a stopped verdict over HTTP", o)
+	}
+	if got := dec.wd.Snapshot().VerdictLookups[pluginapi.VerdictStopped]; got != 1 {
+		t.Fatalf("stopped lookups %d, want 1", got)
+	}
+
+	// Networks: a host outside them, or a name, is never asked.
+	before := hits.Load()
+	for _, c := range []struct {
+		client *pluginapi.VerdictClient
+		addr   string
+	}{
+		{client("10.0.0.0/8"), "127.0.0.1:8998"},
+		{loop, "localhost:8998"},
+		{loop, "[::1]:8998"},
+		{loop, "127.0.0.1"},
+	} {
+		if v, err := c.client.Verdict(ctx, c.addr, 1<<64-1); err == nil {
+			t.Fatalf("%s: verdict %+v, want a refusal", c.addr, v)
+		}
+	}
+	if n := hits.Load() - before; n != 0 {
+		t.Fatalf("%d requests reached the server for refused hosts", n)
+	}
+
+	// The endpoint refuses what it cannot answer.
+	for path, want := range map[string]int{"/api/v1/rooms/x": 400, "/api/v1/rooms/18446744073709551616": 400, "/api/v1/rooms/5": 200} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body map[string]any
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s: HTTP %d %v, want %d", path, resp.StatusCode, body, want)
+		}
+	}
+	resp, err := http.Post(srv.URL+"/api/v1/rooms/5", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("POST: HTTP %d, want 405", resp.StatusCode)
+	}
+}
