@@ -38,7 +38,7 @@ func addDemoFlags(app *kingpin.Application, d *demoOptions) {
 		sglangsim.BackendNIXL, sglangsim.BackendMooncake)
 	cmd.Flag("web.listen-address", "Address of the watchdog's metrics endpoint.").Default("127.0.0.1:0").StringVar(&d.listen)
 	cmd.Flag("force-fail.mode", "off, dry-run or auto.").Default("auto").EnumVar(&d.mode, "off", "dry-run", "auto")
-	cmd.Flag("demo.restart", "Let the watchdog escalate the transfer wedge to a restart of the simulated server (--restart.mode=auto, the demo's short --restart.min-interval and boot time); --no-demo.restart leaves the wedge to fail-fast alone, as the shipped default does.").Default("true").BoolVar(&d.restart)
+	cmd.Flag("demo.restart", "Let the watchdog escalate the transfer wedge to a restart of the simulated server (--restart.mode as --force-fail.mode, a 2m --restart.min-interval, a 10s boot); --no-demo.restart leaves the wedge to fail-fast alone, as the shipped default does.").Default("true").BoolVar(&d.restart)
 }
 
 // Windows of the demo: short, so that a pin is caught within half a
@@ -80,7 +80,7 @@ func (n *narrator) event(e watchdog.Event) {
 		n.say("STUCK        %s: %.0fs in %s, progress %d frozen", who, e.Age, e.Poll, e.Progress)
 	case watchdog.EventForceFail:
 		if e.Trigger == watchdog.TriggerFailFast {
-			n.say("FAIL-FAST    %s: %s, queued %.0fs behind the wedged transfer queue: the client gets an error now and can retry elsewhere", who, e.Result, e.Age)
+			n.say("FAIL-FAST    %s: %s, queued %.0fs behind the wedged transfer queue: prefill fails it now, so its client can retry elsewhere", who, e.Result, e.Age)
 			return
 		}
 		n.say("FORCE-FAIL   %s: %s (trigger %s)", who, e.Result, e.Trigger)
@@ -149,9 +149,11 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 		return 1
 	}
 	mode, _ := watchdog.ParseMode(d.mode)
+	// The restart escalation follows the force-fail mode: a dry-run demo
+	// restarts nothing either.
 	restart := watchdog.ModeOff
 	if d.restart {
-		restart = watchdog.ModeAuto
+		restart = mode
 	}
 	cfg := watchdog.Config{
 		Clock: clock.Real{}, Logger: logger,
@@ -187,7 +189,7 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 	}
 	n.say("watchdog:  mode %s, deadline %s, stall window %s, fail-fast on; its metrics at http://%s/metrics", mode, demoDeadline, demoStallWindow, srv.listeners[0].Addr())
 	if d.restart {
-		n.say("restart:   --restart.mode=auto, min interval %s (shipped default 30m); the simulated server boots in %s", demoRestartEvery, demoBootTime)
+		n.say("restart:   --restart.mode=%s, min interval %s (shipped default 30m); the simulated server boots in %s", restart, demoRestartEvery, demoBootTime)
 	} else {
 		n.say("restart:   off (--no-demo.restart): the wedge stays, fail-fast keeps failing the rooms queued behind it")
 	}
