@@ -719,6 +719,9 @@ func run(o options) int {
 			for _, s := range []time.Duration{5, 10, 30} {
 				c := base
 				c.deadline, c.stall = d*time.Second, s*time.Second
+				if c.deadline == base.deadline && c.stall == base.stall && strings.Contains(","+o.configs+",", ",defaults,") {
+					continue // the defaults run
+				}
 				c.name = fmt.Sprintf("sweep-%s-%s", c.deadline, c.stall)
 				jobs = append(jobs, job{c.name, c})
 			}
@@ -1013,7 +1016,12 @@ func run(o options) int {
 	if o.sweep {
 		fmt.Printf("\n## Sweep: deadline x stall window (same trace, defaults configuration)\n\n")
 		fmt.Printf("| deadline | stall window | pins released by a lever | false force-fails | pin release median / p99 / max | rooms behind a wedge failed fast / by deadline / hung | freeze to diagnosis median / max |\n|---|---|---|---|---|---|---|\n")
-		sw := results[nMain:]
+		sw := append([]*replayResult(nil), results[nMain:]...)
+		for _, r := range mains {
+			if r.cfg.name == "defaults" {
+				sw = append(sw, r)
+			}
+		}
 		sort.Slice(sw, func(i, j int) bool {
 			if sw[i].cfg.deadline != sw[j].cfg.deadline {
 				return sw[i].cfg.deadline < sw[j].cfg.deadline
