@@ -1,60 +1,59 @@
 // Command quality measures how well stuck requests are detected and
-// released, on a trace replayed from a seed on the fake clock:
+// released, and what a transfer wedge costs, on a trace replayed from a
+// seed on the fake clock:
 //
 //	go run ./bench/quality -seed 1
 //
 // The trace (see -h for its knobs): DP8 prefill ranks (sglangsim, newest
-// label era, NIXL), 100k healthy requests with lognormal (heavy-tailed) KV
-// transfer times, 0.5% slow-but-progressing transfers, SGLang health checks
-// every 10 s plus one stuck health check per rank, and 1% pins (1000)
-// spread evenly over the three mechanisms (PinResurrection,
-// PinAbortBeforeRegister, PinStuckHandle), evenly spaced in time so that
-// the default rate limit (6 force-fails a minute) is never the bottleneck.
+// label era, NIXL, transfer queues keyed by destination decode ports), 25k
+// healthy requests over an hour with lognormal (heavy-tailed) KV transfer
+// times, 0.5% slow-but-progressing transfers, SGLang health checks every
+// 10 s plus one stuck health check per rank, and 0.4% pins (100) spread
+// evenly over the three mechanisms (PinResurrection,
+// PinAbortBeforeRegister, PinStuckHandle) and evenly in time. A stuck
+// handle wedges its transfer queue until the server restarts: every later
+// room bound for that queue waits behind it (sglang-facts §10.1).
 //
-// It replays the trace (Step-driven simulator, a scheduler pass every
-// 100 ms of simulated time, no goroutines of its own) three ways:
+// It replays the trace (Step-driven simulator, no goroutines of its own)
+// under several configurations of the real watchdog (watchdog.New,
+// RunCycle every 1 s and ScrapeMetrics every 15 s, mode auto, default
+// windows, reading the plugin listings through bench/simplugin and
+// /metrics through collector.ParseMetrics) and without it (stock SGLang):
 //
-//  1. with the real watchdog (watchdog.New, RunCycle every 1 s and
-//     ScrapeMetrics every 15 s, mode auto, default windows), reading the
-//     plugin listings through an in-process PluginSource adapter and
-//     /metrics through collector.ParseMetrics;
-//  2. stock SGLang: the same trace without the watchdog;
-//  3. for both, the raw-metrics alert group alerts/sglang-raw.rules.yml:
-//     /metrics is sampled every 15 s, written as OpenMetrics with
-//     timestamps, backfilled with `promtool tsdb create-blocks-from
-//     openmetrics`, and every alert expression is evaluated by a real
-//     Prometheus (127.0.0.1, free port) with /api/v1/query_range at a 15 s
-//     step; `for:` is applied to the result as Prometheus does (the
-//     expression present at every evaluation for that long).
+//   - defaults: as shipped (fail-fast on, 180 a minute; restart off);
+//   - ff-off: --force-fail.fail-fast=false;
+//   - restart-30m: fail-fast and --restart.mode=auto with the default
+//     --restart.min-interval (30 min);
+//   - restart-5m: the same with a 5 min interval;
+//   - stock: no watchdog.
 //
-// Then it sweeps --watchdog.deadline {10,20,30,60}s x --watchdog.stall-window
-// {5,10,30}s over the same trace. Everything printed is reproducible from
+// A restart restarts the whole simulated server: the requests inside are
+// lost, and for its boot time (30 s) the listings and /metrics fail and
+// arriving requests are refused (counted, not submitted).
+//
+// For the defaults and stock runs, the raw-metrics alert group
+// alerts/sglang-raw.rules.yml is evaluated by a real Prometheus: /metrics
+// sampled every 15 s, backfilled with `promtool tsdb create-blocks-from
+// openmetrics`, every alert expression queried with /api/v1/query_range
+// at a 15 s step, `for:` applied as Prometheus does. -sweep adds
+// --watchdog.deadline {10,20,30,60}s x --watchdog.stall-window {5,10,30}s
+// on the defaults configuration. Everything printed is reproducible from
 // -seed; only the Prometheus time shift depends on the wall clock.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"go.yaml.in/yaml/v2"
 
 	"github.com/sglang-watchdog/sglang-watchdog/bench/simplugin"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
@@ -83,6 +82,7 @@ type options struct {
 	sweep        bool
 	prom         bool
 	stock        bool
+	configs      string
 	prometheus   string
 	promtool     string
 	rules        string
@@ -91,6 +91,7 @@ type options struct {
 	deadline     time.Duration
 	stall        time.Duration
 	hcEvery      time.Duration
+	bootTime     time.Duration
 	memprofile   string
 	cpuprofile   string
 }
@@ -99,24 +100,26 @@ func main() {
 	var o options
 	flag.Int64Var(&o.seed, "seed", 1, "seed of the trace and the simulator")
 	flag.IntVar(&o.ranks, "ranks", 8, "DP ranks")
-	flag.IntVar(&o.healthy, "healthy", 100000, "healthy requests")
-	flag.Float64Var(&o.pinPct, "pins", 1, "pinned requests, in percent of -healthy, spread over the three mechanisms")
+	flag.IntVar(&o.healthy, "healthy", 25000, "healthy requests")
+	flag.Float64Var(&o.pinPct, "pins", 0.4, "pinned requests, in percent of -healthy, spread over the three mechanisms")
 	flag.Float64Var(&o.slowPct, "slow", 0.5, "slow-but-progressing requests (30-150 s), in percent of -healthy")
-	flag.DurationVar(&o.duration, "duration", 4*time.Hour, "simulated length of the trace (1000 pins at <= 6 a minute need about 3 h)")
+	flag.DurationVar(&o.duration, "duration", time.Hour, "simulated length of the trace")
 	flag.DurationVar(&o.median, "median", time.Second, "median healthy KV transfer time (lognormal, sigma 1, capped at 100 medians)")
 	flag.DurationVar(&o.step, "step", 100*time.Millisecond, "simulated time between scheduler passes")
-	flag.DurationVar(&o.stockStep, "stock-step", time.Second, "simulated time between scheduler passes in the stock replay, where tens of thousands of requests pile up behind wedged shards")
-	flag.DurationVar(&o.stockTimeout, "decode-timeout", 300*time.Second, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT of stock SGLang's decode side")
-	flag.BoolVar(&o.sweep, "sweep", true, "sweep deadline x stall window")
+	flag.DurationVar(&o.stockStep, "stock-step", time.Second, "simulated time between scheduler passes in the stock replay, where thousands of requests pile up behind wedged queues")
+	flag.DurationVar(&o.stockTimeout, "decode-timeout", sglangsim.DefaultDecodeWaitingTimeout, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT of decode")
+	flag.DurationVar(&o.bootTime, "boot-time", sglangsim.DefaultBootTime, "how long a restarted server boots (listings, /metrics and arrivals refused)")
+	flag.BoolVar(&o.sweep, "sweep", false, "also sweep deadline x stall window on the defaults configuration (12 more replays)")
 	flag.BoolVar(&o.stock, "stock", true, "replay stock SGLang (no watchdog) too")
-	flag.BoolVar(&o.prom, "prom", true, "evaluate alerts/sglang-raw.rules.yml with real Prometheus")
+	flag.StringVar(&o.configs, "configs", "defaults,ff-off,restart-30m,restart-5m", "watchdog configurations to replay (defaults, ff-off, restart-30m, restart-5m)")
+	flag.BoolVar(&o.prom, "prom", true, "evaluate alerts/sglang-raw.rules.yml with real Prometheus on the defaults and stock runs")
 	flag.StringVar(&o.prometheus, "prometheus", "/usr/bin/prometheus", "Prometheus binary")
 	flag.StringVar(&o.promtool, "promtool", "/usr/bin/promtool", "promtool binary")
 	flag.StringVar(&o.rules, "rules", "alerts/sglang-raw.rules.yml", "raw-metrics rule file")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temp dir (OpenMetrics files, TSDB, Prometheus log)")
-	flag.IntVar(&o.parallel, "parallel", runtime.NumCPU(), "replays run at once (sweep)")
-	flag.DurationVar(&o.deadline, "deadline", 60*time.Second, "--watchdog.deadline of the main run")
-	flag.DurationVar(&o.stall, "stall", 30*time.Second, "--watchdog.stall-window of the main run")
+	flag.IntVar(&o.parallel, "parallel", runtime.NumCPU(), "replays run at once")
+	flag.DurationVar(&o.deadline, "deadline", 60*time.Second, "--watchdog.deadline of the main runs")
+	flag.DurationVar(&o.stall, "stall", 30*time.Second, "--watchdog.stall-window of the main runs")
 	flag.DurationVar(&o.hcEvery, "health-checks", 10*time.Second, "SGLang health checks every (round robin over the ranks); 0: none")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the harness")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the harness at the end")
@@ -192,14 +195,45 @@ func makeTrace(o options) *trace {
 	return t
 }
 
+func isPinBehavior(b sglangsim.Behavior) bool {
+	return b == sglangsim.BehaviorPinResurrection || b == sglangsim.BehaviorPinAbortBeforeRegister || b == sglangsim.BehaviorPinStuckHandle
+}
+
 // ---------------------------------------------------------------- replay
 
 type replayConfig struct {
+	name          string
 	step          time.Duration
 	watchdog      bool
 	deadline      time.Duration
 	stall         time.Duration
+	failFast      bool
+	restart       watchdog.Mode
+	restartMin    time.Duration
 	collectSeries bool
+}
+
+// configs are the watchdog configurations of the comparison, by name.
+func configs(o options) map[string]replayConfig {
+	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, failFast: true, restart: watchdog.ModeOff}
+	ffOff, r30, r5 := base, base, base
+	ffOff.failFast = false
+	r30.restart, r30.restartMin = watchdog.ModeAuto, 30*time.Minute
+	r5.restart, r5.restartMin = watchdog.ModeAuto, 5*time.Minute
+	out := map[string]replayConfig{"defaults": base, "ff-off": ffOff, "restart-30m": r30, "restart-5m": r5}
+	for k, c := range out {
+		c.name = k
+		out[k] = c
+	}
+	return out
+}
+
+type wedgeEvent struct {
+	at    time.Time
+	rank  int
+	queue int
+	room  uint64
+	rule  string
 }
 
 type replayResult struct {
@@ -207,15 +241,20 @@ type replayResult struct {
 	pins      *pinTracker
 	records   []sglangsim.Record
 	series    *seriesStore
-	calls     map[string]int // force-fail results
-	skips     map[string]int
-	ridEvents map[string][]string
+	calls     map[string]int    // force-fail results by trigger: "trigger/result"
+	skips     map[string]int    // by reason
+	trigger   map[string]string // rid -> trigger of the force-fail that set its lever
+	wedges    []wedgeEvent      // transfer wedges diagnosed (or suspected)
+	restarts  map[string]int    // restart escalations by result
+	restartAt []time.Time       // restarts performed
+	refused   map[sglangsim.Kind]int
+	ridEvents map[string][]string // pins only
 	wall      time.Duration
 	end       time.Time
 }
 
 // simMetrics is the watchdog's MetricsSource over the simulator: the body
-// SGLang would serve, parsed by the collector.
+// SGLang would serve, parsed by the collector; refused while it boots.
 type simMetrics struct {
 	sim  *sglangsim.Sim
 	last []byte
@@ -224,15 +263,19 @@ type simMetrics struct {
 func (m *simMetrics) Target() string { return "sim://metrics" }
 
 func (m *simMetrics) Scrape(context.Context) (*watchdog.MetricsSample, error) {
+	if m.sim.Booting() {
+		m.last = nil
+		return nil, simplugin.ErrBooting
+	}
 	m.last = m.sim.MetricsText()
 	return collector.ParseMetrics(m.last)
 }
 
-// pinTracker remembers, for every pin, when the listing last showed a change
-// of its poll or progress: the moment the pin took hold, as far as anyone
-// watching could tell. A pin blocked behind another pin's wedged shard
-// keeps moving once the wedge clears, so it takes hold later than it
-// entered.
+// pinTracker remembers, for every pin, when the listing last showed a
+// change of its poll, progress or transfer in flight: the moment the pin
+// took hold, as far as anyone watching could tell (a pin queued behind
+// another wedge never moves at all), and whether it ever held a transfer
+// in flight (a stuck handle that wedged its queue).
 type pinTracker struct {
 	mu   sync.Mutex
 	pins map[string]*pinTrack
@@ -242,6 +285,9 @@ type pinTrack struct {
 	seen       bool
 	poll       string
 	progress   int64
+	inFlight   bool
+	wedging    bool // seen frozen with its transfer in flight
+	queue      int
 	lastChange time.Time
 }
 
@@ -254,8 +300,12 @@ func (p *pinTracker) observe(l *pluginapi.Listing, now time.Time) {
 		if !ok {
 			continue
 		}
-		if !t.seen || t.poll != r.Poll || t.progress != r.Progress {
-			t.seen, t.poll, t.progress, t.lastChange = true, r.Poll, r.Progress, now
+		inFlight := r.TransferInFlight != nil && *r.TransferInFlight
+		if !t.seen || t.poll != r.Poll || t.progress != r.Progress || t.inFlight != inFlight {
+			t.seen, t.poll, t.progress, t.inFlight, t.lastChange = true, r.Poll, r.Progress, inFlight, now
+		}
+		if r.TransferQueue != nil {
+			t.queue = *r.TransferQueue
 		}
 	}
 }
@@ -275,6 +325,9 @@ func (s *trackedSource) Inflight(ctx context.Context) (*pluginapi.Listing, error
 	return l, err
 }
 
+// simToken is the plugin token of the replayed server (restart needs one).
+const simToken = "bench-quality-token"
+
 func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	wallStart := time.Now()
 	o := t.o
@@ -282,11 +335,13 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	sim, err := sglangsim.New(sglangsim.Options{
 		Clock: c, DPSize: o.ranks, Era: sglangsim.EraNewest, Backend: sglangsim.BackendNIXL, Seed: o.seed,
 		TransferMedian: o.median, HealthCheckEvery: o.hcEvery, HookRunsWhenEmpty: true,
+		Token: simToken, AllowRestart: true, BootTime: o.bootTime, DecodeWaitingTimeout: o.stockTimeout,
 	})
 	if err != nil {
 		return nil, err
 	}
-	res := &replayResult{cfg: rc, calls: map[string]int{}, skips: map[string]int{}, ridEvents: map[string][]string{},
+	res := &replayResult{cfg: rc, calls: map[string]int{}, skips: map[string]int{}, trigger: map[string]string{},
+		restarts: map[string]int{}, refused: map[sglangsim.Kind]int{}, ridEvents: map[string][]string{},
 		pins: &pinTracker{pins: map[string]*pinTrack{}}}
 	if rc.collectSeries {
 		res.series = newSeriesStore()
@@ -298,16 +353,27 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 			Clock: c, Metrics: metrics, Interval: time.Second, MetricsInterval: 15 * time.Second,
 			Deadline: rc.deadline, StallWindow: rc.stall, PinWindow: 2 * time.Minute, MaxRooms: 100000,
 			Mode: watchdog.ModeAuto, MaxPerMinute: 6, ConfirmTimeout: time.Minute,
+			FailFast: rc.failFast, FailFastPerMinute: 180, RestartMode: rc.restart, RestartMinInterval: rc.restartMin,
 			OnEvent: func(e watchdog.Event) {
 				switch e.Kind {
 				case watchdog.EventForceFail:
-					res.calls[e.Result]++
+					res.calls[e.Trigger+"/"+e.Result]++
+					if e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed {
+						res.trigger[e.RID] = e.Trigger
+					}
 				case watchdog.EventSkipped:
 					res.skips[e.Reason]++
+				case watchdog.EventTransferWedged:
+					res.wedges = append(res.wedges, wedgeEvent{at: c.Now(), rank: e.DPRank, queue: e.Queue, room: e.Room, rule: e.Reason})
+				case watchdog.EventRestart:
+					res.restarts[e.Result]++
+					if e.Result == watchdog.RestartRestarted {
+						res.restartAt = append(res.restartAt, c.Now())
+					}
 				}
-				if e.RID != "" {
-					res.ridEvents[e.RID] = append(res.ridEvents[e.RID], fmt.Sprintf("%s %s%s%s age %.1fs poll %s progress %d",
-						c.Now().Sub(epoch).Round(100*time.Millisecond), e.Kind, opt(" ", e.Result), opt(" ", e.Reason), e.Age, e.Poll, e.Progress))
+				if _, pin := res.pins.pins[e.RID]; pin && e.RID != "" {
+					res.ridEvents[e.RID] = append(res.ridEvents[e.RID], fmt.Sprintf("%s %s%s%s%s age %.1fs poll %s progress %d",
+						c.Now().Sub(epoch).Round(100*time.Millisecond), e.Kind, opt(" ", e.Trigger), opt(" ", e.Result), opt(" ", e.Reason), e.Age, e.Poll, e.Progress))
 				}
 			},
 		}
@@ -328,48 +394,79 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	if cycleEvery < 1 || scrapeEvery < 1 || time.Second%step != 0 {
 		return nil, fmt.Errorf("-step must divide 1s")
 	}
-	sample := func(k int) {
+	sample := func() {
 		var body []byte
 		if w != nil {
 			w.ScrapeMetrics(ctx)
 			body = metrics.last
-		} else if res.series != nil {
-			body = sim.MetricsText()
+		} else if !sim.Booting() {
+			if res.series != nil {
+				body = sim.MetricsText()
+			}
+			// Stock: look at the listings now and then, to count the
+			// wedges (nobody acts on them).
+			for r := 0; r < sim.Ranks(); r++ {
+				l := sim.Listing(r)
+				res.pins.observe(&l, c.Now())
+			}
 		}
-		if res.series != nil {
+		if res.series != nil && body != nil {
 			res.series.add(c.Now(), body)
 		}
 	}
-	sample(0)
+	sample()
 	steps := int(o.duration / step)
 	for k := 1; k <= steps; k++ {
 		c.Advance(step)
 		el := time.Duration(k) * step
 		for next < len(t.arrivals) && t.arrivals[next].at <= el {
 			a := t.arrivals[next]
+			next++
+			if sim.Booting() {
+				// Nobody listens while the server boots: the request is
+				// refused (a router retries it elsewhere, if it can).
+				res.refused[behaviorKind(a.behavior)]++
+				continue
+			}
 			spec := sglangsim.RequestSpec{Rank: a.rank, Behavior: a.behavior}
 			if a.behavior == sglangsim.BehaviorHealthy || a.behavior == sglangsim.BehaviorSlow {
 				spec.Bootstrap = 2*time.Millisecond + time.Duration(rng.Float64()*float64(28*time.Millisecond))
 			}
 			rid, _ := sim.Submit(spec)
-			switch a.behavior {
-			case sglangsim.BehaviorPinResurrection, sglangsim.BehaviorPinAbortBeforeRegister, sglangsim.BehaviorPinStuckHandle:
-				res.pins.pins[rid] = &pinTrack{}
+			if isPinBehavior(a.behavior) {
+				res.pins.mu.Lock()
+				res.pins.pins[rid] = &pinTrack{queue: -1}
+				res.pins.mu.Unlock()
 			}
-			next++
 		}
 		sim.Step()
 		if w != nil && k%cycleEvery == 0 {
 			w.RunCycle(ctx)
 		}
 		if k%scrapeEvery == 0 {
-			sample(k)
+			sample()
 		}
 	}
 	res.records = sim.Records()
 	res.end = c.Now()
 	res.wall = time.Since(wallStart)
 	return res, nil
+}
+
+func behaviorKind(b sglangsim.Behavior) sglangsim.Kind {
+	switch b {
+	case sglangsim.BehaviorSlow:
+		return sglangsim.KindSlow
+	case sglangsim.BehaviorHealthCheck, sglangsim.BehaviorStuckHealthCheck:
+		return sglangsim.KindHealthCheck
+	case sglangsim.BehaviorPinResurrection:
+		return sglangsim.KindPinResurrection
+	case sglangsim.BehaviorPinAbortBeforeRegister:
+		return sglangsim.KindPinAbortBeforeRegister
+	case sglangsim.BehaviorPinStuckHandle:
+		return sglangsim.KindPinStuckHandle
+	}
+	return sglangsim.KindHealthy
 }
 
 func opt(sep, s string) string {
@@ -381,79 +478,175 @@ func opt(sep, s string) string {
 
 // ---------------------------------------------------------------- analysis
 
-func isPin(k sglangsim.Kind) bool {
-	return k == sglangsim.KindPinResurrection || k == sglangsim.KindPinAbortBeforeRegister || k == sglangsim.KindPinStuckHandle
+func isPin(k sglangsim.Kind) bool { return k.Pin() }
+
+var pinKinds = []sglangsim.Kind{sglangsim.KindPinResurrection, sglangsim.KindPinAbortBeforeRegister, sglangsim.KindPinStuckHandle}
+
+// fate is where one class of requests ended.
+type fate struct {
+	n          int
+	success    int
+	auto       int // lever set by the deadline path (or the alert webhook)
+	failFast   int // lever set by fail-fast
+	failed     int // failed by itself
+	restarted  int // lost in a restart (the client got an error)
+	held       int // still in the server at the end of the trace
+	lat        []time.Duration
+	heldAge    []time.Duration // age at the end of the trace of the held ones
+	decodeHold []time.Duration // decode slot held: DecodeReleased (or the end) - inflight entry
+	decodeOpen int             // decode still holding at the end
 }
 
+func (f *fate) add(rec sglangsim.Record, trig string, end time.Time) {
+	f.n++
+	entered := rec.EnteredInflight
+	switch rec.Outcome {
+	case sglangsim.OutcomeSuccess:
+		f.success++
+	case sglangsim.OutcomeFailedForced:
+		if trig == watchdog.TriggerFailFast {
+			f.failFast++
+		} else {
+			f.auto++
+		}
+		if !entered.IsZero() {
+			f.lat = append(f.lat, rec.Left.Sub(entered))
+		}
+	case sglangsim.OutcomeFailed:
+		f.failed++
+	case sglangsim.OutcomeRestarted:
+		f.restarted++
+	default:
+		f.held++
+		if !entered.IsZero() {
+			f.heldAge = append(f.heldAge, end.Sub(entered))
+		}
+	}
+	if entered.IsZero() {
+		return
+	}
+	released := rec.DecodeReleased
+	if released.IsZero() {
+		// Prefill still holds it: the simulator leaves decode's side open,
+		// but decode's own waiting timeout (NIXL: it applies while the
+		// transfer is incomplete, sglang-facts §10.4) frees the slot.
+		released = entered.Add(decodeTimeout)
+	}
+	if released.After(end) {
+		f.decodeOpen++
+		f.decodeHold = append(f.decodeHold, end.Sub(entered))
+		return
+	}
+	f.decodeHold = append(f.decodeHold, released.Sub(entered))
+}
+
+// decodeTimeout is decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT (-decode-timeout).
+var decodeTimeout = sglangsim.DefaultDecodeWaitingTimeout
+
 type analysis struct {
-	pins, released        int
-	lat                   []time.Duration // pin entry to release, released pins
-	excess                []time.Duration // release after the earliest moment the windows allow it
-	heldLate              int             // pins over deadline+3s from entry
-	byKind                map[sglangsim.Kind][]time.Duration
-	missed                []sglangsim.Record
-	falseFF               []sglangsim.Record // progressing or healthy/slow/health check forced
-	blockedForced         int                // blocked_by_wedge rooms force-failed while still blocked
-	blocked               int                // rooms that waited behind a wedge
-	blockedDelay          []time.Duration    // their time in the inflight queue (completed ones)
-	healthyInflight       []time.Duration    // healthy requests' time in the inflight queue
-	slowInflight          []time.Duration
-	stuckHCForced         int
-	healthyDone, healthyN int
+	byKind          map[sglangsim.Kind]*fate
+	falseFF         []sglangsim.Record // progressing, or healthy/slow/health check forced
+	blockedProgress int                // blocked rooms force-failed while progressing
+	healthyInflight []time.Duration
+	slowInflight    []time.Duration
+	excess          []time.Duration // pin release after the earliest moment the windows allow it
+	restartLost     int             // requests of every kind lost in restarts
+	// wedges: stuck-handle pins that held a transfer in flight and froze
+	// (each wedged its queue), and the time from the freeze to the
+	// watchdog's diagnosis.
+	wedging       int
+	diagnosed     int
+	toDiagnosis   []time.Duration
+	undiagnosed   []string
+	wedgeAtEnd    int // wedging pins whose queue was still wedged at the end (no restart since)
+	otherWedgeEvs int // wedge events that match no wedging pin
 }
 
 func analyse(r *replayResult) *analysis {
-	a := &analysis{byKind: map[sglangsim.Kind][]time.Duration{}}
+	a := &analysis{byKind: map[sglangsim.Kind]*fate{}}
+	for _, k := range append(append([]sglangsim.Kind{}, pinKinds...), sglangsim.KindHealthy, sglangsim.KindSlow, sglangsim.KindHealthCheck, sglangsim.KindBlockedByWedge) {
+		a.byKind[k] = &fate{}
+	}
 	for _, rec := range r.records {
+		f := a.byKind[rec.Kind]
+		if f == nil {
+			f = &fate{}
+			a.byKind[rec.Kind] = f
+		}
+		trig := r.trigger[rec.RID]
+		f.add(rec, trig, r.end)
 		forced := !rec.ForcedAt.IsZero()
-		switch {
-		case isPin(rec.Kind):
-			a.pins++
-			if rec.Outcome == sglangsim.OutcomeFailedForced {
-				a.released++
-				d := rec.Left.Sub(rec.EnteredInflight)
-				a.lat = append(a.lat, d)
-				a.byKind[rec.Kind] = append(a.byKind[rec.Kind], d)
-				if t := r.pins.pins[rec.RID]; t != nil && t.seen {
-					// The earliest a correct watchdog may act: old enough
-					// and still for a whole stall window.
-					allowed := rec.EnteredInflight.Add(r.cfg.deadline)
-					if st := t.lastChange.Add(r.cfg.stall); st.After(allowed) {
-						allowed = st
-					}
-					a.excess = append(a.excess, rec.Left.Sub(allowed))
-				}
-				if d > r.cfg.deadline+3*time.Second {
-					a.heldLate++
-				}
-			} else {
-				a.missed = append(a.missed, rec)
-			}
-			continue
-		case rec.Kind == sglangsim.KindBlockedByWedge:
-			a.blocked++
-			if forced && !rec.ProgressingWhenForced {
-				a.blockedForced++
-			}
-			if !rec.Left.IsZero() && !rec.EnteredInflight.IsZero() {
-				a.blockedDelay = append(a.blockedDelay, rec.Left.Sub(rec.EnteredInflight))
-			}
-		case rec.Kind == sglangsim.KindHealthy:
-			a.healthyN++
+		if rec.Outcome == sglangsim.OutcomeRestarted {
+			a.restartLost++
+		}
+		switch rec.Kind {
+		case sglangsim.KindHealthy:
 			if rec.Outcome == sglangsim.OutcomeSuccess {
-				a.healthyDone++
 				a.healthyInflight = append(a.healthyInflight, rec.Left.Sub(rec.EnteredInflight))
 			}
-		case rec.Kind == sglangsim.KindSlow:
+		case sglangsim.KindSlow:
 			if rec.Outcome == sglangsim.OutcomeSuccess {
 				a.slowInflight = append(a.slowInflight, rec.Left.Sub(rec.EnteredInflight))
+			}
+		case sglangsim.KindBlockedByWedge:
+			if forced && rec.ProgressingWhenForced {
+				a.blockedProgress++
 			}
 		}
 		if rec.ProgressingWhenForced || (forced && (rec.Kind == sglangsim.KindHealthy || rec.Kind == sglangsim.KindSlow || rec.Kind == sglangsim.KindHealthCheck)) {
 			a.falseFF = append(a.falseFF, rec)
 		}
-		if forced && rec.Kind == sglangsim.KindHealthCheck {
-			a.stuckHCForced++
+		if isPin(rec.Kind) && rec.Outcome == sglangsim.OutcomeFailedForced {
+			if t := r.pins.pins[rec.RID]; t != nil && t.seen {
+				// The earliest a correct watchdog may act on the deadline
+				// path: old enough and still for a whole stall window.
+				allowed := rec.EnteredInflight.Add(r.cfg.deadline)
+				if st := t.lastChange.Add(r.cfg.stall); st.After(allowed) {
+					allowed = st
+				}
+				a.excess = append(a.excess, rec.Left.Sub(allowed))
+			}
+		}
+	}
+	// Wedges: match each wedging pin to the first diagnosis naming its
+	// rank and room (rule in_flight or orphaned_transfer).
+	used := make([]bool, len(r.wedges))
+	for _, rec := range r.records {
+		if rec.Kind != sglangsim.KindPinStuckHandle {
+			continue
+		}
+		t := r.pins.pins[rec.RID]
+		if t == nil || !t.seen || !t.inFlight {
+			continue
+		}
+		a.wedging++
+		restartedSince := false
+		for _, at := range r.restartAt {
+			if at.After(t.lastChange) {
+				restartedSince = true
+			}
+		}
+		if !restartedSince {
+			a.wedgeAtEnd++
+		}
+		found := false
+		for i, e := range r.wedges {
+			if e.rank == rec.Rank && e.room == rec.Room && !e.at.Before(t.lastChange) {
+				used[i] = true
+				if !found {
+					a.diagnosed++
+					a.toDiagnosis = append(a.toDiagnosis, e.at.Sub(t.lastChange))
+					found = true
+				}
+			}
+		}
+		if !found && r.cfg.watchdog {
+			a.undiagnosed = append(a.undiagnosed, fmt.Sprintf("rank %d %s queue %d frozen at %s, outcome %s", rec.Rank, rec.RID[:12], t.queue, t.lastChange.Sub(epoch).Round(100*time.Millisecond), rec.Outcome))
+		}
+	}
+	for _, u := range used {
+		if !u {
+			a.otherWedgeEvs++
 		}
 	}
 	return a
@@ -479,461 +672,60 @@ func maxDur(ds []time.Duration) time.Duration {
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 
-// ---------------------------------------------------------------- series
-
-// seriesStore keeps the samples of the families the raw rules use.
-type seriesStore struct {
-	samples map[string][]omSample
-}
-
-type omSample struct {
-	ts    time.Time
-	value string
-}
-
-func newSeriesStore() *seriesStore { return &seriesStore{samples: map[string][]omSample{}} }
-
-var rawFamilies = map[string]bool{
-	"sglang:num_prefill_inflight_queue_reqs": true,
-	"sglang:num_decode_transfer_queue_reqs":  true,
-	"sglang:num_decode_prealloc_queue_reqs":  true,
-	"sglang:num_transfer_failed_reqs_total":  true,
-	"sglang:num_bootstrap_failed_reqs_total": true,
-	"sglang:prompt_tokens_total":             true,
-	"sglang:num_requests_total":              true,
-	"sglang:generation_tokens_total":         true,
-}
-
-func (s *seriesStore) add(at time.Time, body []byte) {
-	for _, l := range strings.Split(string(body), "\n") {
-		if l == "" || l[0] == '#' {
-			continue
-		}
-		end := strings.IndexAny(l, "{ ")
-		if end < 0 {
-			continue
-		}
-		name := l[:end]
-		keep := rawFamilies[name]
-		if name == "sglang:per_stage_req_latency_seconds_count" {
-			keep = strings.Contains(l, `stage="prefill_transfer_kv_cache"`) || strings.Contains(l, `stage="decode_transferred"`)
-		}
-		if !keep {
-			continue
-		}
-		sp := strings.LastIndexByte(l, ' ')
-		// Clone: a substring would keep the whole 0.6 MB body alive.
-		key, val := l[:sp], strings.Clone(l[sp+1:])
-		if _, ok := s.samples[key]; !ok {
-			key = strings.Clone(key)
-		}
-		s.samples[key] = append(s.samples[key], omSample{at, val})
+// dist is "median / p99 / max" of ds, or "-" when empty.
+func dist(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
 	}
-}
-
-const instanceLabels = `instance="sglang-prefill:30000",job="sglang"`
-
-// writeOpenMetrics writes every series with timestamps shifted by shift,
-// grouped by metric name, as promtool's backfill wants.
-func (s *seriesStore) writeOpenMetrics(w io.Writer, shift time.Duration) error {
-	keys := make([]string, 0, len(s.samples))
-	for k := range s.samples {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var b strings.Builder
-	for _, k := range keys {
-		var series string
-		switch {
-		case strings.HasSuffix(k, "{}"):
-			series = k[:len(k)-1] + instanceLabels + "}"
-		case strings.HasSuffix(k, "}"):
-			series = k[:len(k)-1] + "," + instanceLabels + "}"
-		default:
-			series = k + "{" + instanceLabels + "}"
-		}
-		for _, smp := range s.samples[k] {
-			ms := smp.ts.Add(shift).UnixMilli()
-			fmt.Fprintf(&b, "%s %s %d.%03d\n", series, smp.value, ms/1000, ms%1000)
-		}
-		if b.Len() > 1<<20 {
-			if _, err := io.WriteString(w, b.String()); err != nil {
-				return err
-			}
-			b.Reset()
-		}
-	}
-	b.WriteString("# EOF\n")
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-// ---------------------------------------------------------------- Prometheus
-
-type rule struct {
-	Alert string `yaml:"alert"`
-	Expr  string `yaml:"expr"`
-	For   string `yaml:"for"`
-}
-
-func loadRules(path string) ([]rule, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	var f struct {
-		Groups []struct {
-			Rules []rule `yaml:"rules"`
-		} `yaml:"groups"`
-	}
-	if err := yaml.Unmarshal(b, &f); err != nil {
-		return nil, err
-	}
-	var out []rule
-	for _, g := range f.Groups {
-		for _, r := range g.Rules {
-			if r.Alert != "" {
-				out = append(out, r)
-			}
-		}
-	}
-	return out, nil
-}
-
-type promServer struct {
-	base string
-	cmd  *exec.Cmd
-	done chan error
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func startPrometheus(o options, dir, tsdb string) (*promServer, error) {
-	cfg := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfg, []byte("global:\n  evaluation_interval: 15s\n  scrape_interval: 15s\n"), 0o644); err != nil {
-		return nil, err
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	logf, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
-		return nil, err
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	cmd := exec.Command(o.prometheus, "--config.file="+cfg, "--storage.tsdb.path="+tsdb,
-		"--storage.tsdb.retention.time=100y", "--web.listen-address="+addr, "--query.max-samples=200000000")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &promServer{base: "http://" + addr, cmd: cmd, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait(); logf.Close() }()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-p.done:
-			return nil, fmt.Errorf("prometheus exited: %v (log: %s)", err, logf.Name())
-		default:
-		}
-		resp, err := http.Get(p.base + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return p, nil
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	p.stop()
-	return nil, fmt.Errorf("prometheus not ready after 60 s")
-}
-
-func (p *promServer) stop() {
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-type promSeries struct {
-	Metric map[string]string `json:"metric"`
-	Values [][2]any          `json:"values"`
-}
-
-func (p *promServer) queryRange(expr string, start, end time.Time, step time.Duration) ([]promSeries, error) {
-	q := url.Values{}
-	q.Set("query", expr)
-	q.Set("start", strconv.FormatInt(start.Unix(), 10))
-	q.Set("end", strconv.FormatInt(end.Unix(), 10))
-	q.Set("step", strconv.Itoa(int(step.Seconds())))
-	resp, err := http.PostForm(p.base+"/api/v1/query_range", q)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			Result []promSeries `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, err
-	}
-	if out.Status != "success" {
-		return nil, fmt.Errorf("query_range: %s", out.Error)
-	}
-	return out.Data.Result, nil
-}
-
-// episode is one alert instance that fired: pending from active, firing
-// from fired (active + for) until last (the last evaluation it was present).
-type episode struct {
-	alert  string
-	labels map[string]string
-	active time.Time
-	fired  time.Time
-	last   time.Time
-}
-
-// firing applies `for` to a query_range result evaluated at every step.
-func firing(alert string, res []promSeries, forDur, step time.Duration) []episode {
-	var out []episode
-	for _, s := range res {
-		var cur *episode
-		var prev time.Time
-		for _, v := range s.Values {
-			tsf, _ := v[0].(float64)
-			ts := time.Unix(0, int64(tsf*1e9)).UTC()
-			if cur != nil && ts.Sub(prev) > step+time.Second {
-				// Absent at an evaluation in between: the alert resets.
-				if !cur.fired.IsZero() {
-					out = append(out, *cur)
-				}
-				cur = nil
-			}
-			if cur == nil {
-				cur = &episode{alert: alert, labels: s.Metric, active: ts}
-			}
-			if cur.fired.IsZero() && ts.Sub(cur.active) >= forDur {
-				cur.fired = ts
-			}
-			cur.last = ts
-			prev = ts
-		}
-		if cur != nil && !cur.fired.IsZero() {
-			out = append(out, *cur)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].fired.Before(out[j].fired) })
-	return out
-}
-
-type rawResult struct {
-	diag     []string
-	name     string
-	episodes []episode
-	rules    []rule
-	shift    time.Duration
-	err      error
-}
-
-// evalRaw backfills the series of each replay into its own TSDB, starts
-// Prometheus on each in turn and evaluates every alert.
-func evalRaw(o options, dir string, name string, s *seriesStore, start, end time.Time) rawResult {
-	r := rawResult{name: name}
-	rules, err := loadRules(o.rules)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	r.rules = rules
-	// Shift the trace so that it ends five minutes before now: the data is
-	// then recent (inside any retention, queried like live data) and
-	// entirely in the past.
-	shift := time.Now().Add(-5 * time.Minute).Truncate(15 * time.Second).Sub(end)
-	r.shift = shift
-	sub := filepath.Join(dir, name)
-	if err := os.MkdirAll(sub, 0o755); err != nil {
-		r.err = err
-		return r
-	}
-	omPath := filepath.Join(sub, "series.om.txt")
-	f, err := os.Create(omPath)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	if err := s.writeOpenMetrics(f, shift); err != nil {
-		f.Close()
-		r.err = err
-		return r
-	}
-	f.Close()
-	tsdb := filepath.Join(sub, "tsdb")
-	out, err := exec.Command(o.promtool, "tsdb", "create-blocks-from", "openmetrics", omPath, tsdb).CombinedOutput()
-	if err != nil {
-		r.err = fmt.Errorf("promtool: %v: %s", err, out)
-		return r
-	}
-	p, err := startPrometheus(o, sub, tsdb)
-	if err != nil {
-		r.err = err
-		return r
-	}
-	defer p.stop()
-	step := 15 * time.Second
-	qs, qe := start.Add(shift), end.Add(shift)
-	// Diagnostics: how often each half of the pinned/stalled rules holds.
-	evals := int(qe.Sub(qs)/step) + 1
-	for _, d := range rawDiagnostics {
-		res, err := p.queryRange(d, qs, qe, step)
-		if err != nil {
-			r.err = fmt.Errorf("%s: %w", d, err)
-			return r
-		}
-		present := map[float64]bool{}
-		for _, s := range res {
-			for _, v := range s.Values {
-				if f, ok := v[0].(float64); ok {
-					present[f] = true
-				}
-			}
-		}
-		r.diag = append(r.diag, fmt.Sprintf("%5.1f%% of evaluations: %s", 100*float64(len(present))/float64(evals), d))
-	}
-	for _, rl := range rules {
-		res, err := p.queryRange(rl.Expr, qs, qe, step)
-		if err != nil {
-			r.err = fmt.Errorf("%s: %w", rl.Alert, err)
-			return r
-		}
-		fd, err := time.ParseDuration(rl.For)
-		if err != nil && rl.For != "" {
-			r.err = fmt.Errorf("%s: for %q: %w", rl.Alert, rl.For, err)
-			return r
-		}
-		for _, e := range firing(rl.Alert, res, fd, step) {
-			// Back to simulated time.
-			e.active, e.fired, e.last = e.active.Add(-shift), e.fired.Add(-shift), e.last.Add(-shift)
-			r.episodes = append(r.episodes, e)
-		}
-	}
-	return r
-}
-
-// rawDiagnostics are the parts of SGLangPrefillInflightQueuePinned and
-// SGLangPrefillKVTransferStalled, to show which part keeps them silent.
-var rawDiagnostics = []string{
-	`min_over_time(sglang:num_prefill_inflight_queue_reqs{priority=""}[5m]) > 0 and changes(sglang:num_prefill_inflight_queue_reqs{priority=""}[5m]) == 0 and count_over_time(sglang:num_prefill_inflight_queue_reqs{priority=""}[5m]) >= 18`,
-	`min_over_time(sglang:num_prefill_inflight_queue_reqs{priority=""}[5m]) > 0 and changes(sglang:num_prefill_inflight_queue_reqs{priority=""}[5m]) > 0 and count_over_time(sglang:num_prefill_inflight_queue_reqs{priority=""}[5m]) >= 18`,
-	`sum by (instance) (increase(sglang:num_transfer_failed_reqs_total[5m])) > 0`,
-	`sum by (instance) (increase(sglang:per_stage_req_latency_seconds_count{stage="prefill_transfer_kv_cache"}[5m])) > 0`,
-	`sum by (instance) (increase(sglang:prompt_tokens_total[5m])) > 0`,
-	`sum by (instance) (increase(sglang:num_requests_total[5m])) > 0`,
-}
-
-// pinAlerts matches the per-rank pin alerts to the pins of a replay.
-type pinAlertStats struct {
-	alerted     int
-	delays      []time.Duration
-	falseAlerts int
-	episodes    int
-	firstFired  time.Duration // from the trace start; -1 none
-}
-
-func matchPins(res *replayResult, r rawResult, alerts map[string]bool) pinAlertStats {
-	st := pinAlertStats{firstFired: -1}
-	byRank := map[string][]episode{}
-	for _, e := range r.episodes {
-		if !alerts[e.alert] {
-			continue
-		}
-		st.episodes++
-		if st.firstFired < 0 || e.fired.Sub(epoch) < st.firstFired {
-			st.firstFired = e.fired.Sub(epoch)
-		}
-		byRank[e.labels["dp_rank"]] = append(byRank[e.labels["dp_rank"]], e)
-	}
-	inside := func(rec sglangsim.Record, t time.Time) bool {
-		return !rec.EnteredInflight.IsZero() && !rec.EnteredInflight.After(t) && (rec.Left.IsZero() || rec.Left.After(t))
-	}
-	var pins []sglangsim.Record
-	for _, rec := range res.records {
-		if isPin(rec.Kind) {
-			pins = append(pins, rec)
-		}
-	}
-	for _, rec := range pins {
-		for _, e := range byRank[strconv.Itoa(rec.Rank)] {
-			if inside(rec, e.fired) {
-				st.alerted++
-				st.delays = append(st.delays, e.fired.Sub(rec.EnteredInflight))
-				break
-			}
-		}
-	}
-	for rank, eps := range byRank {
-		for _, e := range eps {
-			hit := false
-			for _, rec := range pins {
-				if strconv.Itoa(rec.Rank) == rank && inside(rec, e.fired) {
-					hit = true
-					break
-				}
-			}
-			if !hit {
-				st.falseAlerts++
-			}
-		}
-	}
-	return st
+	return fmt.Sprintf("%s / %s / %s", secs(quantile(ds, 0.5)), secs(quantile(ds, 0.99)), secs(maxDur(ds)))
 }
 
 // ---------------------------------------------------------------- main
 
 func run(o options) int {
 	t0 := time.Now()
+	decodeTimeout = o.stockTimeout
 	tr := makeTrace(o)
 	fmt.Printf("# Detection quality, seed %d\n\n", o.seed)
-	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (1%% of healthy, the three mechanisms evenly), %d stuck health checks, health checks every %s (0: none); a scheduler pass every %s\n",
-		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.ranks, o.hcEvery, o.step)
+	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, the three mechanisms evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
+		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
 
-	// The main runs: the watchdog with the default windows, and stock.
+	all := configs(o)
 	type job struct {
 		name string
 		cfg  replayConfig
 	}
-	jobs := []job{{"watchdog", replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, collectSeries: o.prom}}}
-	if o.stock {
-		jobs = append(jobs, job{"stock", replayConfig{step: o.stockStep, collectSeries: o.prom}})
+	var jobs []job
+	for _, n := range strings.Split(o.configs, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		c, ok := all[n]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "-configs: unknown configuration %q (want defaults, ff-off, restart-30m, restart-5m)\n", n)
+			return 2
+		}
+		c.collectSeries = o.prom && n == "defaults"
+		jobs = append(jobs, job{n, c})
 	}
-	var sweepCfgs []replayConfig
+	if o.stock {
+		jobs = append(jobs, job{"stock", replayConfig{name: "stock", step: o.stockStep, deadline: o.deadline, stall: o.stall, collectSeries: o.prom}})
+	}
+	nMain := len(jobs)
 	if o.sweep {
+		base := all["defaults"]
 		for _, d := range []time.Duration{10, 20, 30, 60} {
 			for _, s := range []time.Duration{5, 10, 30} {
-				if d*time.Second == o.deadline && s*time.Second == o.stall {
-					continue // the main run
+				c := base
+				c.deadline, c.stall = d*time.Second, s*time.Second
+				if c.deadline == base.deadline && c.stall == base.stall && strings.Contains(","+o.configs+",", ",defaults,") {
+					continue // the defaults run
 				}
-				sweepCfgs = append(sweepCfgs, replayConfig{step: o.step, watchdog: true, deadline: d * time.Second, stall: s * time.Second})
+				c.name = fmt.Sprintf("sweep-%s-%s", c.deadline, c.stall)
+				jobs = append(jobs, job{c.name, c})
 			}
 		}
-	}
-	for _, c := range sweepCfgs {
-		jobs = append(jobs, job{fmt.Sprintf("sweep-%s-%s", c.deadline, c.stall), c})
 	}
 	results := make([]*replayResult, len(jobs))
 	errs := make([]error, len(jobs))
@@ -946,6 +738,9 @@ func run(o options) int {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			results[i], errs[i] = replay(tr, j.cfg)
+			if errs[i] == nil {
+				fmt.Fprintf(os.Stderr, "replay %s done in %s\n", j.name, results[i].wall.Round(100*time.Millisecond))
+			}
 		}()
 	}
 	wg.Wait()
@@ -955,150 +750,216 @@ func run(o options) int {
 			return 1
 		}
 	}
-	mainRun := results[0]
-	a := analyse(mainRun)
-	fmt.Printf("replay: %d records; one replay took %s of wall time (watchdog), all %d replays %s\n\n",
-		len(mainRun.records), mainRun.wall.Round(100*time.Millisecond), len(jobs), time.Since(t0).Round(100*time.Millisecond))
-
-	p50, p999 := quantile(a.healthyInflight, 0.5), quantile(a.healthyInflight, 0.999)
-	ok := "ok"
-	if p999 < 10*p50 {
-		ok = "NOT heavy-tailed enough"
+	mains := results[:nMain]
+	as := make([]*analysis, len(mains))
+	for i, r := range mains {
+		as[i] = analyse(r)
 	}
-	fmt.Printf("healthy transfer times (time in the inflight queue, %d completed of %d): p50 %s, p99 %s, p99.9 %s (%.1fx the median: %s), max %s\n",
-		a.healthyDone, a.healthyN, secs(p50), secs(quantile(a.healthyInflight, 0.99)), secs(p999), float64(p999)/float64(max(p50, 1)), ok, secs(maxDur(a.healthyInflight)))
-	for _, lim := range []time.Duration{10 * time.Second, 20 * time.Second, 30 * time.Second, 60 * time.Second} {
+	fmt.Printf("replays: %d; wall time each: ", len(jobs))
+	for i, r := range mains {
+		fmt.Printf("%s %s; ", jobs[i].name, r.wall.Round(100*time.Millisecond))
+	}
+	fmt.Printf("all %s\n\n", time.Since(t0).Round(100*time.Millisecond))
+
+	ref := as[0]
+	p50, p999 := quantile(ref.healthyInflight, 0.5), quantile(ref.healthyInflight, 0.999)
+	fmt.Printf("healthy transfer times in the %s run (time in the inflight queue, %d completed): p50 %s, p99 %s, p99.9 %s (%.1fx the median), max %s; slow transfers completed %d, max %s\n\n",
+		jobs[0].name, len(ref.healthyInflight), secs(p50), secs(quantile(ref.healthyInflight, 0.99)), secs(p999), float64(p999)/float64(max(p50, 1)), secs(maxDur(ref.healthyInflight)),
+		len(ref.slowInflight), secs(maxDur(ref.slowInflight)))
+
+	// The comparison, one column per configuration.
+	fmt.Printf("## Side by side (deadline %s, stall window %s, interval 1 s, /metrics every 15 s, max 6 force-fails a minute, fail-fast 180 a minute)\n\n", o.deadline, o.stall)
+	hdr := "| |"
+	sep := "|---|"
+	for i := range mains {
+		hdr += " " + jobs[i].name + " |"
+		sep += "---|"
+	}
+	fmt.Println(hdr)
+	fmt.Println(sep)
+	row := func(label string, f func(r *replayResult, a *analysis) string) {
+		line := "| " + label + " |"
+		for i, r := range mains {
+			line += " " + f(r, as[i]) + " |"
+		}
+		fmt.Println(line)
+	}
+	pinSum := func(a *analysis, g func(f *fate) int) int {
 		n := 0
-		for _, d := range a.healthyInflight {
-			if d > lim {
+		for _, k := range pinKinds {
+			n += g(a.byKind[k])
+		}
+		return n
+	}
+	refusedPins := func(r *replayResult) int {
+		n := 0
+		for _, k := range pinKinds {
+			n += r.refused[k]
+		}
+		return n
+	}
+	row("pins submitted (refused while booting)", func(r *replayResult, a *analysis) string {
+		return fmt.Sprintf("%d (%d)", pinSum(a, func(f *fate) int { return f.n }), refusedPins(r))
+	})
+	row("pins released by a lever: deadline path + fail-fast", func(r *replayResult, a *analysis) string {
+		return fmt.Sprintf("%d + %d", pinSum(a, func(f *fate) int { return f.auto }), pinSum(a, func(f *fate) int { return f.failFast }))
+	})
+	row("pins ended by a restart", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(pinSum(a, func(f *fate) int { return f.restarted }))
+	})
+	row("pins still held at the end", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(pinSum(a, func(f *fate) int { return f.held }))
+	})
+	row("pin release latency (lever), median / p99 / max", func(r *replayResult, a *analysis) string {
+		var all []time.Duration
+		for _, k := range pinKinds {
+			all = append(all, a.byKind[k].lat...)
+		}
+		return dist(all)
+	})
+	row("false force-fails (healthy, slow, health check, or progressing)", func(r *replayResult, a *analysis) string { return fmt.Sprint(len(a.falseFF)) })
+	row("healthy + slow completed / submitted", func(r *replayResult, a *analysis) string {
+		h, s := a.byKind[sglangsim.KindHealthy], a.byKind[sglangsim.KindSlow]
+		b := a.byKind[sglangsim.KindBlockedByWedge]
+		return fmt.Sprintf("%d / %d", h.success+s.success, h.n+s.n+b.n)
+	})
+	row("rooms queued behind a wedge (healthy or slow)", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(a.byKind[sglangsim.KindBlockedByWedge].n)
+	})
+	row("… failed fast (client can retry)", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(a.byKind[sglangsim.KindBlockedByWedge].failFast)
+	})
+	row("… failed by the deadline path", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(a.byKind[sglangsim.KindBlockedByWedge].auto)
+	})
+	row("… lost in a restart", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(a.byKind[sglangsim.KindBlockedByWedge].restarted)
+	})
+	row("… still hung at the end", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(a.byKind[sglangsim.KindBlockedByWedge].held)
+	})
+	row("… time to their failure (lever), median / p99 / max", func(r *replayResult, a *analysis) string {
+		return dist(a.byKind[sglangsim.KindBlockedByWedge].lat)
+	})
+	row("… age of the hung ones at the end, median / max", func(r *replayResult, a *analysis) string {
+		h := a.byKind[sglangsim.KindBlockedByWedge].heldAge
+		if len(h) == 0 {
+			return "-"
+		}
+		return secs(quantile(h, 0.5)) + " / " + secs(maxDur(h))
+	})
+	row("wedges (stuck handles that froze in flight)", func(r *replayResult, a *analysis) string { return fmt.Sprint(a.wedging) })
+	row("… diagnosed (transfer_wedged event)", func(r *replayResult, a *analysis) string {
+		if !r.cfg.watchdog {
+			return "-"
+		}
+		return fmt.Sprint(a.diagnosed)
+	})
+	row("… freeze to diagnosis, median / p99 / max", func(r *replayResult, a *analysis) string { return dist(a.toDiagnosis) })
+	row("… still wedged at the end", func(r *replayResult, a *analysis) string { return fmt.Sprint(a.wedgeAtEnd) })
+	row("restarts performed", func(r *replayResult, a *analysis) string {
+		if !r.cfg.watchdog {
+			return "-"
+		}
+		return fmt.Sprintf("%d (%s)", len(r.restartAt), a2s(r.restarts))
+	})
+	row("requests lost in restarts (all kinds)", func(r *replayResult, a *analysis) string { return fmt.Sprint(a.restartLost) })
+	row("arrivals refused while booting", func(r *replayResult, a *analysis) string {
+		n := 0
+		for _, v := range r.refused {
+			n += v
+		}
+		return fmt.Sprint(n)
+	})
+	row("health checks force-failed", func(r *replayResult, a *analysis) string {
+		n := 0
+		for _, rec := range r.records {
+			if rec.Kind == sglangsim.KindHealthCheck && !rec.ForcedAt.IsZero() {
 				n++
 			}
 		}
-		fmt.Printf("  healthy transfers longer than %s: %d (%.3f%%)\n", lim, n, 100*float64(n)/float64(max(len(a.healthyInflight), 1)))
-	}
-	fmt.Printf("slow transfers: %d completed, p50 %s, max %s\n\n", len(a.slowInflight), secs(quantile(a.slowInflight, 0.5)), secs(maxDur(a.slowInflight)))
+		return fmt.Sprint(n)
+	})
+	row("decode slot held, pins, median / max", func(r *replayResult, a *analysis) string {
+		var all []time.Duration
+		open := 0
+		for _, k := range pinKinds {
+			all = append(all, a.byKind[k].decodeHold...)
+			open += a.byKind[k].decodeOpen
+		}
+		return holdString(all, open)
+	})
+	row("decode slot held, rooms behind a wedge, median / max", func(r *replayResult, a *analysis) string {
+		b := a.byKind[sglangsim.KindBlockedByWedge]
+		return holdString(b.decodeHold, b.decodeOpen)
+	})
+	row("force-fail calls (trigger/result)", func(r *replayResult, a *analysis) string { return a2s(r.calls) })
+	row("skips", func(r *replayResult, a *analysis) string { return a2s(r.skips) })
+	row("pin releases > 3 s after the windows allowed", func(r *replayResult, a *analysis) string {
+		n := 0
+		for _, d := range a.excess {
+			if d > 3*time.Second {
+				n++
+			}
+		}
+		return fmt.Sprintf("%d of %d", n, len(a.excess))
+	})
 
-	// 1. The watchdog.
-	fmt.Printf("## Watchdog, auto mode, deadline %s, stall window %s, interval 1s, /metrics every 15s\n\n", o.deadline, o.stall)
-	recall := float64(a.released) / float64(max(a.pins, 1))
-	target := o.deadline + 3*time.Second
-	fmt.Printf("recall %d/%d = %.2f%%; false force-fails %d; release latency (inflight entry to release) median %s, p99 %s, max %s (target <= %s: %s)\n",
-		a.released, a.pins, 100*recall, len(a.falseFF), secs(quantile(a.lat, 0.5)), secs(quantile(a.lat, 0.99)), secs(maxDur(a.lat)), secs(target), verdict(maxDur(a.lat) <= target && a.released > 0))
-	for _, k := range []sglangsim.Kind{sglangsim.KindPinResurrection, sglangsim.KindPinAbortBeforeRegister, sglangsim.KindPinStuckHandle} {
-		ds := a.byKind[k]
-		fmt.Printf("  %-26s released %4d, median %s, max %s\n", k, len(ds), secs(quantile(ds, 0.5)), secs(maxDur(ds)))
-	}
-	fmt.Printf("pins released later than deadline + 3 s after entering: %d; release after the earliest moment the windows allow (max(entry + deadline, last visible change of poll/progress + stall window)): median %s, max %s (<= 3 s: %s)\n",
-		a.heldLate, secs(quantile(a.excess, 0.5)), secs(maxDur(a.excess)), verdict(maxDur(a.excess) <= 3*time.Second && len(a.excess) > 0))
-	fmt.Printf("force-fail calls by result: %v; skips: %v\n", a2s(mainRun.calls), a2s(mainRun.skips))
-	fmt.Printf("rooms that waited behind a wedged shard: %d (force-failed while still blocked: %d), their time in the queue median %s, max %s\n",
-		a.blocked, a.blockedForced, secs(quantile(a.blockedDelay, 0.5)), secs(maxDur(a.blockedDelay)))
-	fmt.Printf("stuck health checks force-failed: %d\n", a.stuckHCForced)
-	for i, m := range a.missed {
-		if i == 20 {
-			fmt.Printf("  ... %d more\n", len(a.missed)-20)
-			break
+	// Per pin mechanism.
+	fmt.Printf("\n## Per pin mechanism\n\n")
+	fmt.Printf("| configuration | mechanism | submitted | released by a lever (deadline + fail-fast) | ended by a restart | held at the end | release latency median / p99 / max | decode slot held median / max |\n|---|---|---|---|---|---|---|---|\n")
+	for i, r := range mains {
+		for _, k := range pinKinds {
+			f := as[i].byKind[k]
+			fmt.Printf("| %s | %s | %d | %d (%d + %d) | %d | %d | %s | %s |\n", jobs[i].name, k, f.n, f.auto+f.failFast, f.auto, f.failFast, f.restarted, f.held, dist(f.lat), holdString(f.decodeHold, f.decodeOpen))
 		}
-		fmt.Printf("  MISSED %s rank %d %s entered %s outcome %s; events: %s\n", m.Kind, m.Rank, m.RID, m.EnteredInflight.Sub(epoch), m.Outcome, strings.Join(mainRun.ridEvents[m.RID], "; "))
-	}
-	for i, m := range a.falseFF {
-		if i == 20 {
-			fmt.Printf("  ... %d more\n", len(a.falseFF)-20)
-			break
-		}
-		fmt.Printf("  FALSE FORCE-FAIL %s rank %d %s entered %s forced %s; events: %s\n", m.Kind, m.Rank, m.RID, m.EnteredInflight.Sub(epoch), m.ForcedAt.Sub(epoch), strings.Join(mainRun.ridEvents[m.RID], "; "))
-	}
-	// Pins released later than deadline + 3 s after entering: split into
-	// those that took hold late (still moving after entering, typically
-	// blocked behind another pin's wedged shard, then progressing once it
-	// cleared: no watchdog may act before last change + stall window) and
-	// those the watchdog itself released late (more than 3 s after the
-	// windows allowed it).
-	tookHoldLate, watchdogLate := 0, 0
-	var late []sglangsim.Record
-	for _, rec := range mainRun.records {
-		if !isPin(rec.Kind) || rec.Outcome != sglangsim.OutcomeFailedForced {
-			continue
-		}
-		t := mainRun.pins.pins[rec.RID]
-		allowed := rec.EnteredInflight.Add(o.deadline)
-		if t != nil && t.seen && t.lastChange.Add(o.stall).After(allowed) {
-			allowed = t.lastChange.Add(o.stall)
-		}
-		if rec.Left.Sub(rec.EnteredInflight) > target {
-			if allowed.Sub(rec.EnteredInflight) > target-3*time.Second {
-				tookHoldLate++
-			}
-		}
-		if rec.Left.Sub(allowed) > 3*time.Second {
-			watchdogLate++
-			late = append(late, rec)
-		}
-	}
-	fmt.Printf("over deadline + 3 s: %d took hold late (they kept moving after entering, e.g. blocked behind another pin's wedged shard and then progressing: no watchdog may act before last change + stall window); released more than 3 s after the windows allowed: %d\n", tookHoldLate, watchdogLate)
-	for i, m := range late {
-		if i == 10 {
-			fmt.Printf("  ... %d more\n", len(late)-10)
-			break
-		}
-		lc := "?"
-		if t := mainRun.pins.pins[m.RID]; t != nil && t.seen {
-			lc = secs(t.lastChange.Sub(m.EnteredInflight)) + " after entry (" + t.poll + ", progress " + strconv.FormatInt(t.progress, 10) + ")"
-		}
-		fmt.Printf("  LATE %s rank %d %s entered %s released after %s; last visible change %s; events: %s\n", m.Kind, m.Rank, m.RID, m.EnteredInflight.Sub(epoch), secs(m.Left.Sub(m.EnteredInflight)), lc, strings.Join(mainRun.ridEvents[m.RID], "; "))
-	}
-	// Healthy requests force-failed while blocked behind a wedged shard.
-	n := 0
-	for _, rec := range mainRun.records {
-		if rec.Kind != sglangsim.KindBlockedByWedge || rec.ForcedAt.IsZero() {
-			continue
-		}
-		if n == 10 {
-			fmt.Printf("  ... more\n")
-			break
-		}
-		n++
-		// The pin of the same rank force-failed just before, if any.
-		pin := ""
-		for _, p := range mainRun.records {
-			if isPin(p.Kind) && p.Rank == rec.Rank && !p.ForcedAt.IsZero() && !p.ForcedAt.After(rec.ForcedAt) && rec.ForcedAt.Sub(p.ForcedAt) < 2*time.Second {
-				pin = fmt.Sprintf("; %s %s on the same rank force-failed %s before", p.Kind, p.RID[:8], rec.ForcedAt.Sub(p.ForcedAt))
-			}
-		}
-		fmt.Printf("  BLOCKED-AND-FORCED rank %d %s room%%4=%d entered %s forced %s (age %s, progressing=%v)%s; events: %s\n", rec.Rank, rec.RID, rec.Room%4, rec.EnteredInflight.Sub(epoch),
-			rec.ForcedAt.Sub(epoch), secs(rec.ForcedAt.Sub(rec.EnteredInflight)), rec.ProgressingWhenForced, pin, strings.Join(mainRun.ridEvents[rec.RID], "; "))
+		_ = r
 	}
 
-	// 2. Stock SGLang.
-	var stock *replayResult
-	if o.stock {
-		stock = results[1]
-		sa := analyse(stock)
-		var held []time.Duration
-		for _, rec := range stock.records {
-			if isPin(rec.Kind) {
-				end := stock.end
-				if !rec.Left.IsZero() {
-					end = rec.Left
-				}
-				held = append(held, end.Sub(rec.EnteredInflight))
+	// Details worth reading by hand.
+	for i, r := range mains {
+		a := as[i]
+		fmt.Printf("\n### %s\n\n", jobs[i].name)
+		for j, m := range a.falseFF {
+			if j == 10 {
+				fmt.Printf("  ... %d more\n", len(a.falseFF)-10)
+				break
 			}
+			fmt.Printf("  FALSE FORCE-FAIL %s rank %d %s entered %s forced %s trigger %s\n", m.Kind, m.Rank, m.RID, m.EnteredInflight.Sub(epoch), m.ForcedAt.Sub(epoch), r.trigger[m.RID])
 		}
-		stuckAtEnd := 0
-		for _, rec := range stock.records {
-			if rec.Outcome == sglangsim.OutcomeInflight && !isPin(rec.Kind) && rec.Kind != sglangsim.KindHealthCheck {
-				stuckAtEnd++
+		for j, u := range a.undiagnosed {
+			if j == 10 {
+				fmt.Printf("  ... %d more\n", len(a.undiagnosed)-10)
+				break
 			}
+			fmt.Printf("  WEDGE NOT DIAGNOSED %s\n", u)
 		}
-		fmt.Printf("\n## Stock SGLang (no watchdog), same trace (a scheduler pass every %s; replay took %s)\n\n", o.stockStep, stock.wall.Round(100*time.Millisecond))
-		fmt.Printf("pins released by SGLang: %d/%d. The decode side gives up after %s (SGLANG_DISAGGREGATION_WAITING_TIMEOUT): the client's request fails then; the prefill request and its KV pages stay until a restart: held %s (median) to %s (max) by the end of the trace, a lower bound.\n",
-			sa.pins-len(sa.missed), sa.pins, o.stockTimeout, secs(quantile(held, 0.5)), secs(maxDur(held)))
-		fmt.Printf("healthy requests that completed: %d/%d; requests still in the inflight queue at the end (not pins; mostly behind wedged shards): %d; rooms that waited behind a wedge: %d\n",
-			sa.healthyDone, sa.healthyN, stuckAtEnd, sa.blocked)
+		if r.cfg.watchdog {
+			fmt.Printf("  transfer_wedged events: %d (%d name no wedging pin: a re-diagnosis after a restart or of a pin queued behind another wedge)\n", len(r.wedges), a.otherWedgeEvs)
+			rules := map[string]int{}
+			for _, e := range r.wedges {
+				rules[e.rule]++
+			}
+			fmt.Printf("  by rule: %s\n", a2s(rules))
+		}
+		if len(r.restartAt) > 0 {
+			var ts []string
+			for _, at := range r.restartAt {
+				ts = append(ts, at.Sub(epoch).Round(time.Second).String())
+			}
+			fmt.Printf("  restarts at: %s\n", strings.Join(ts, ", "))
+		}
+		shown := 0
+		for _, rec := range r.records {
+			if !isPin(rec.Kind) || rec.Outcome == sglangsim.OutcomeFailedForced || shown == 6 {
+				continue
+			}
+			shown++
+			fmt.Printf("  PIN NOT RELEASED BY A LEVER %s rank %d %s entered %s outcome %s; events: %s\n", rec.Kind, rec.Rank, rec.RID[:12], rec.EnteredInflight.Sub(epoch).Round(100*time.Millisecond), rec.Outcome, strings.Join(r.ridEvents[rec.RID], "; "))
+		}
 	}
 
-	// 3. Raw metrics with real Prometheus.
-	var raws []rawResult
+	// Raw metrics with real Prometheus.
 	if o.prom {
 		dir, err := os.MkdirTemp("", "wd-quality-")
 		if err != nil {
@@ -1110,16 +971,12 @@ func run(o options) int {
 		} else {
 			defer os.RemoveAll(dir)
 		}
-		raws = append(raws, evalRaw(o, dir, "watchdog", mainRun.series, epoch, mainRun.end))
-		if stock != nil {
-			raws = append(raws, evalRaw(o, dir, "stock", stock.series, epoch, stock.end))
-		}
 		pinRules := map[string]bool{"SGLangPrefillInflightQueuePinned": true, "SGLangPrefillKVTransferStalled": true}
-		for i, r := range raws {
-			res := mainRun
-			if i == 1 {
-				res = stock
+		for i, res := range mains {
+			if res.series == nil {
+				continue
 			}
+			r := evalRaw(o, dir, jobs[i].name, res.series, epoch, res.end)
 			fmt.Printf("\n## Raw-metrics rules (alerts/sglang-raw.rules.yml), real Prometheus, series of the %s run\n\n", r.name)
 			if r.err != nil {
 				fmt.Printf("ERROR: %v\n", r.err)
@@ -1147,7 +1004,7 @@ func run(o options) int {
 				fmt.Printf("  %s\n", d)
 			}
 			st := matchPins(res, r, pinRules)
-			fmt.Printf("pins alerted (Pinned or Stalled on the pin's dp_rank while the pin was inside): %d/%d", st.alerted, a.pins)
+			fmt.Printf("pins alerted (Pinned or Stalled on the pin's dp_rank while the pin was inside): %d/%d", st.alerted, pinSum(as[i], func(f *fate) int { return f.n }))
 			if len(st.delays) > 0 {
 				fmt.Printf(", time to alert median %s, min %s, max %s", secs(quantile(st.delays, 0.5)), secs(quantile(st.delays, 0)), secs(maxDur(st.delays)))
 			}
@@ -1157,52 +1014,50 @@ func run(o options) int {
 
 	// Sweep.
 	if o.sweep {
-		fmt.Printf("\n## Sweep: deadline x stall window (same trace, auto mode)\n\n")
-		fmt.Printf("| deadline | stall window | recall | false force-fails | blocked rooms force-failed | release median | release p99 | release max | released > 3 s after the windows allowed | over deadline + 3 s |\n|---|---|---|---|---|---|---|---|---|---|\n")
-		all := append([]*replayResult{mainRun}, results[len(jobs)-len(sweepCfgs):]...)
-		sort.Slice(all, func(i, j int) bool {
-			if all[i].cfg.deadline != all[j].cfg.deadline {
-				return all[i].cfg.deadline < all[j].cfg.deadline
+		fmt.Printf("\n## Sweep: deadline x stall window (same trace, defaults configuration)\n\n")
+		fmt.Printf("| deadline | stall window | pins released by a lever | false force-fails | pin release median / p99 / max | rooms behind a wedge failed fast / by deadline / hung | freeze to diagnosis median / max |\n|---|---|---|---|---|---|---|\n")
+		sw := append([]*replayResult(nil), results[nMain:]...)
+		for _, r := range mains {
+			if r.cfg.name == "defaults" {
+				sw = append(sw, r)
 			}
-			return all[i].cfg.stall < all[j].cfg.stall
+		}
+		sort.Slice(sw, func(i, j int) bool {
+			if sw[i].cfg.deadline != sw[j].cfg.deadline {
+				return sw[i].cfg.deadline < sw[j].cfg.deadline
+			}
+			return sw[i].cfg.stall < sw[j].cfg.stall
 		})
-		safe := map[time.Duration]time.Duration{}
-		for _, r := range all {
+		for _, r := range sw {
 			sa := analyse(r)
-			overExcess := 0
-			for _, d := range sa.excess {
-				if d > 3*time.Second {
-					overExcess++
-				}
+			var lat []time.Duration
+			rel, n := 0, 0
+			for _, k := range pinKinds {
+				f := sa.byKind[k]
+				lat = append(lat, f.lat...)
+				rel += f.auto + f.failFast
+				n += f.n
 			}
-			fmt.Printf("| %s | %s | %d/%d | %d | %d | %s | %s | %s | %d | %d |\n", r.cfg.deadline, r.cfg.stall, sa.released, sa.pins, len(sa.falseFF), sa.blockedForced,
-				secs(quantile(sa.lat, 0.5)), secs(quantile(sa.lat, 0.99)), secs(maxDur(sa.lat)), overExcess, sa.heldLate)
-			if len(sa.falseFF) == 0 && sa.released == sa.pins {
-				if cur, ok := safe[r.cfg.stall]; !ok || r.cfg.deadline < cur {
-					safe[r.cfg.stall] = r.cfg.deadline
-				}
-			}
+			b := sa.byKind[sglangsim.KindBlockedByWedge]
+			fmt.Printf("| %s | %s | %d/%d | %d | %s | %d / %d / %d | %s / %s |\n", r.cfg.deadline, r.cfg.stall, rel, n, len(sa.falseFF), dist(lat),
+				b.failFast, b.auto, b.held, secs(quantile(sa.toDiagnosis, 0.5)), secs(maxDur(sa.toDiagnosis)))
 		}
-		fmt.Println()
-		for _, s := range []time.Duration{5 * time.Second, 10 * time.Second, 30 * time.Second} {
-			if d, ok := safe[s]; ok {
-				fmt.Printf("stall window %s: smallest deadline with 100%% recall and no false force-fail: %s\n", s, d)
-			} else {
-				fmt.Printf("stall window %s: no deadline in the sweep is free of false force-fails\n", s)
-			}
-		}
-		fmt.Printf("longest healthy transfer in the trace: %s, longest slow one: %s (a deadline below these is safe only through the stall window)\n",
-			secs(maxDur(a.healthyInflight)), secs(maxDur(a.slowInflight)))
 	}
 	fmt.Printf("\ntotal wall time %s\n", time.Since(t0).Round(100*time.Millisecond))
 	return 0
 }
 
-func verdict(ok bool) string {
-	if ok {
-		return "met"
+// holdString is "median / max" of decode hold times, saying how many were
+// still held at the end (their figure is a lower bound).
+func holdString(ds []time.Duration, open int) string {
+	if len(ds) == 0 {
+		return "-"
 	}
-	return "MISSED"
+	s := secs(quantile(ds, 0.5)) + " / " + secs(maxDur(ds))
+	if open > 0 {
+		s += fmt.Sprintf(" (%d still held at the end)", open)
+	}
+	return s
 }
 
 func a2s(m map[string]int) string {

@@ -1,6 +1,6 @@
 // Package simplugin adapts an in-process, Step-driven sglangsim.Sim to the
-// watchdog's PluginSource interface (Target, Inflight, ForceFail) without
-// HTTP, for benchmarks and the detection-quality replay. It depends only on
+// watchdog's PluginSource and Restarter interfaces (Target, Inflight,
+// ForceFail, Restart) without HTTP, for benchmarks and the detection-quality replay. It depends only on
 // sglangsim and pluginapi, so that the watchdog's own package-internal
 // benchmarks can use it.
 package simplugin
@@ -8,6 +8,7 @@ package simplugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
@@ -65,8 +66,15 @@ func (s *Source) Snapshot() error {
 // Body is the last snapshot's JSON.
 func (s *Source) Body() []byte { return s.body }
 
-// Inflight returns the listing.
+// ErrBooting is what a read gets while the simulated server boots after a
+// restart: the real listener refuses the connection.
+var ErrBooting = errors.New("connection refused: the server is booting")
+
+// Inflight returns the listing, or ErrBooting while the server boots.
 func (s *Source) Inflight(ctx context.Context) (*pluginapi.Listing, error) {
+	if s.Sim.Booting() {
+		return nil, ErrBooting
+	}
 	if s.Live {
 		l := s.Sim.Listing(s.Rank)
 		if s.Wire {
@@ -98,6 +106,35 @@ func (s *Source) Inflight(ctx context.Context) (*pluginapi.Listing, error) {
 // ForceFail applies the order through the simulator (inline when
 // Step-driven, exactly as its next pass would).
 func (s *Source) ForceFail(ctx context.Context, order pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
-	st, resp := s.Sim.ForceFail(ctx, s.Rank, order, "")
+	if s.Sim.Booting() {
+		return 0, nil, ErrBooting
+	}
+	st, resp := s.Sim.ForceFail(ctx, s.Rank, order, s.authorization())
 	return st, &resp, nil
+}
+
+// Restart posts the restart order through the simulator (POST
+// /admin/restart): on 202 the whole simulated server restarts at once
+// and boots for its BootTime. A real force-fail answers only after the
+// scheduler's pass applied it, and that pass releases the request; a
+// Step-driven simulator applies the order inline and releases on its next
+// Step. So that a restart asked right after force-fails does not take
+// the requests they released, one Step (at the same clock time) runs
+// first.
+func (s *Source) Restart(ctx context.Context, order pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error) {
+	if s.Sim.Booting() {
+		return 0, nil, ErrBooting
+	}
+	s.Sim.Step()
+	st, resp := s.Sim.AdminRestart(s.Rank, order, s.authorization())
+	return st, &resp, nil
+}
+
+// authorization is the header the watchdog would send: the simulator's
+// token, if it has one.
+func (s *Source) authorization() string {
+	if t := s.Sim.Options().Token; t != "" {
+		return "Bearer " + t
+	}
+	return ""
 }
