@@ -266,8 +266,8 @@ type replayResult struct {
 	heldLive   map[string]bool
 	lookups    map[string]int // prefill verdicts it got, by answer
 	corruption []sglangsim.Corruption
-	wall      time.Duration
-	end       time.Time
+	wall       time.Duration
+	end        time.Time
 }
 
 // simMetrics is the watchdog's MetricsSource over the simulator: the body
@@ -606,6 +606,8 @@ type fate struct {
 	decodeHold []time.Duration // decode slot held: DecodeReleased (or the end) - DecodeAdmitted
 	decodeOpen int             // decode still holding at the end
 	decodeEnd  map[sglangsim.DecodeEnd]int
+	// decodeHoldForced: the hold of those a decode force-fail released.
+	decodeHoldForced []time.Duration
 	// heldLive: decode requests the decode-side watchdog held as
 	// "transfer may be live"; heldThenTimeout: of those, the ones
 	// SGLang's own waiting timeout released.
@@ -656,6 +658,9 @@ func (f *fate) add(rec sglangsim.Record, trig string, heldLive bool, end time.Ti
 		return
 	}
 	f.decodeHold = append(f.decodeHold, rec.DecodeHold())
+	if rec.DecodeEnd == sglangsim.DecodeForceFail {
+		f.decodeHoldForced = append(f.decodeHoldForced, rec.DecodeHold())
+	}
 }
 
 type analysis struct {
@@ -1031,6 +1036,13 @@ func run(o options) int {
 		}
 		return holdString(all, open)
 	})
+	row("… of those the decode-side watchdog released", func(r *replayResult, a *analysis) string {
+		var all []time.Duration
+		for _, k := range pinKinds {
+			all = append(all, a.byKind[k].decodeHoldForced...)
+		}
+		return dist(all)
+	})
 	row("decode slot held, rooms behind a wedge, median / p99 / max", func(r *replayResult, a *analysis) string {
 		b := a.byKind[sglangsim.KindBlockedByWedge]
 		return holdString(b.decodeHold, b.decodeOpen)
@@ -1093,7 +1105,7 @@ func run(o options) int {
 
 	// Decode, per pin mechanism.
 	fmt.Printf("\n## Decode side, per pin mechanism (decode deadline %s, SGLang's waiting timeout %s, deferred release %s)\n\n", watchdog.DefaultDecodeDeadline, o.stockTimeout, sglangsim.DeferredReleaseTimeout)
-	fmt.Printf("| configuration | class | decode slot held median / p99 / max | how decode let go | held as \"transfer may be live\" (freed by SGLang's timeout) | pages freed under a live transfer: force-fail / timeout | corruptions caused: force-fail / timeout |\n|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| configuration | class | decode slot held median / p99 / max | … those a decode force-fail released | how decode let go | held as \"transfer may be live\" (freed by SGLang's timeout) | pages freed under a live transfer: force-fail / timeout | corruptions caused: force-fail / timeout |\n|---|---|---|---|---|---|---|---|\n")
 	for i, r := range mains {
 		for _, k := range append(append([]sglangsim.Kind{}, pinKinds...), sglangsim.KindBlockedByWedge) {
 			f := as[i].byKind[k]
@@ -1101,7 +1113,7 @@ func run(o options) int {
 			if r.cfg.watchdog && r.cfg.decode {
 				held = fmt.Sprintf("%d (%d)", f.heldLive, f.heldThenTimeout)
 			}
-			fmt.Printf("| %s | %s | %s | %s | %s | %d / %d | %d / %d |\n", jobs[i].name, k, holdString(f.decodeHold, f.decodeOpen), ends(f.decodeEnd), held,
+			fmt.Printf("| %s | %s | %s | %s | %s | %s | %d / %d | %d / %d |\n", jobs[i].name, k, holdString(f.decodeHold, f.decodeOpen), dist(f.decodeHoldForced), ends(f.decodeEnd), held,
 				as[i].unsafeByKind[k][sglangsim.DecodeForceFail], as[i].unsafeByKind[k][sglangsim.DecodeTimeout],
 				as[i].corruptByKind[k][sglangsim.DecodeForceFail], as[i].corruptByKind[k][sglangsim.DecodeTimeout])
 		}
