@@ -161,7 +161,7 @@ func (n *narrator) decodeEvent(e watchdog.Event) {
 		}
 		r, _ := n.record(e.RID)
 		if r.DecodeHold() > 0 {
-			n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; slot freed %.0f s after admission (stock SGLang: %s)", e.DPRank, e.RID, e.Room, why, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout)
+			n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; slot freed %.0f s after admission (stock SGLang: %.0f s)", e.DPRank, e.RID, e.Room, why, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout.Seconds())
 			return
 		}
 		n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; request failed %.0f s after admission, its pages held until prefill acknowledges the ABORT (deferred release, at most %s)", e.DPRank, e.RID, e.Room, why, e.Age, sglangsim.DeferredReleaseTimeout)
@@ -351,7 +351,9 @@ func decodeWatchdog(prefill watchdog.Config, metricsURL string, pluginURLs []str
 	return watchdog.New(cfg)
 }
 
-// injectPins reproduces the incident's three mechanisms, a few seconds apart.
+// injectPins reproduces the incident's three mechanisms, a few seconds
+// apart. The stuck handle comes last, so that the decode side has released
+// the other two pins' decode requests before the restart it leads to.
 func injectPins(ctx context.Context, sim *sglangsim.Sim, ranks int, n *narrator) {
 	pins := []struct {
 		at    time.Duration
@@ -361,7 +363,7 @@ func injectPins(ctx context.Context, sim *sglangsim.Sim, ranks int, n *narrator)
 	}{
 		{3 * time.Second, sglangsim.PinResurrection, "resurrection", "max() resurrection: Failed overwritten by Transferring"},
 		{6 * time.Second, sglangsim.PinAbortBeforeRegister, "abort-before-register", "ABORT popped transfer_infos before the room was registered: WaitingForInput for ever"},
-		{9 * time.Second, sglangsim.PinStuckHandle, "stuck handle", "NIXL transfer handle never completes: its transfer queue stays wedged until the server restarts"},
+		{12 * time.Second, sglangsim.PinStuckHandle, "stuck handle", "NIXL transfer handle never completes: its transfer queue stays wedged until the server restarts"},
 	}
 	start := time.Now()
 	for i, p := range pins {
@@ -508,17 +510,17 @@ func decodeSummary(sim *sglangsim.Sim, dwd *watchdog.Watchdog, n *narrator, now 
 		case r.DecodeAdmitted.IsZero():
 			n.say("summary:   decode, %s pin rid=%.12s: never reached decode", name, r.RID)
 		case r.DecodeEnd == "":
-			n.say("summary:   decode, %s pin rid=%.12s: still held after %.0f s at the end of the demo (held as \"transfer may be live\"); SGLang's own timeout frees it %s + %s after admission, later than the demo runs",
+			n.say("summary:   decode, %s pin rid=%.12s: still held after %.0f s at the end of the demo; SGLang's own timeout frees it %s + %s after admission, later than the demo runs",
 				name, r.RID, now.Sub(r.DecodeAdmitted).Seconds(), sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout)
 		default:
 			how := map[sglangsim.DecodeEnd]string{
 				sglangsim.DecodeForceFail: "the decode-side watchdog released it",
-				sglangsim.DecodeHeartbeat: "the prefill restart ended its transfer and decode's heartbeat failed it (a dead prefill writes no more)",
+				sglangsim.DecodeHeartbeat: "the prefill restart ended its transfer and decode's heartbeat failed it (a dead prefill writes no more; without the restart it stays held for SGLang's own timeout)",
 				sglangsim.DecodeTimeout:   "SGLang's own waiting timeout",
 				sglangsim.DecodeSuccess:   "it completed",
 				sglangsim.DecodeRestarted: "the decode server restarted",
 			}[r.DecodeEnd]
-			n.say("summary:   decode, %s pin rid=%.12s: slot freed %.0f s after admission (stock SGLang: %s): %s", name, r.RID, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout, how)
+			n.say("summary:   decode, %s pin rid=%.12s: slot freed %.0f s after admission (stock SGLang: %.0f s): %s", name, r.RID, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout.Seconds(), how)
 		}
 	}
 	byCause := map[sglangsim.DecodeEnd]int{}
@@ -526,8 +528,8 @@ func decodeSummary(sim *sglangsim.Sim, dwd *watchdog.Watchdog, n *narrator, now 
 		byCause[c.Cause]++
 	}
 	s := dwd.Snapshot()
-	n.say("summary:   decode, other requests released early by the decode-side watchdog: %d; prefill verdict lookups %s; pages freed under a live transfer by a force-fail: %d; page corruptions caused by a force-fail: %d, by SGLang's own timeout: %d",
-		others, lookupString(s.VerdictLookups), unsafe, byCause[sglangsim.DecodeForceFail], byCause[sglangsim.DecodeTimeout])
+	n.say("summary:   decode, other requests released early by the decode-side watchdog: %d; held as \"transfer may be live\": %d; prefill verdict lookups %s; pages freed under a live transfer by a force-fail: %d; page corruptions caused by a force-fail: %d, by SGLang's own timeout: %d",
+		others, s.RoleSkips[[2]string{watchdog.SkipTransferLive, watchdog.RoleDecode}], lookupString(s.VerdictLookups), unsafe, byCause[sglangsim.DecodeForceFail], byCause[sglangsim.DecodeTimeout])
 	return unsafe + byCause[sglangsim.DecodeForceFail]
 }
 
