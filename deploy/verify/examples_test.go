@@ -112,10 +112,10 @@ func intFlag(t *testing.T, name string, args []string, flag string, def int) int
 }
 
 // TestExamplesRunTheWatchdogWhereSGLangServes checks every pod template:
-// the pod that runs SGLang's HTTP server (--port) carries the sidecar; a
-// prefill one reads one plugin listener per rank with the token; a decode
-// one watches gauges only; pods without the server (LWS workers, the router)
-// carry none. The pods carry the labels the chart's PodMonitors select.
+// the pod that runs SGLang's HTTP server (--port) carries the sidecar,
+// which reads one plugin listener per rank with the token, prefill and
+// decode alike; pods without the server (LWS workers, the router) carry
+// none. The pods carry the labels the chart's PodMonitors select.
 func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 	var prefill, decode int
 	for _, p := range loadExamples(t) {
