@@ -208,12 +208,11 @@ func printInflightTable(w io.Writer, results []rankListing) {
 		fmt.Fprintln(tw, "RANK\tAGE\tQUEUE\tPOLL\tTRANSFER_STARTED\tPROGRESS\tKIND\tRID\tROOM")
 		for _, r := range drows {
 			kind, rid := tableRID(r.req.RID, r.healthCheck)
-			// Unknown counts as started, as the watchdog's safety rule has it.
 			ts := "unknown"
 			if r.req.TransferStarted != nil {
 				ts = strconv.FormatBool(*r.req.TransferStarted)
 			}
-			if !r.healthCheck && (r.req.TransferStarted == nil || *r.req.TransferStarted) {
+			if transferMayBeLive(r.req) && !r.healthCheck {
 				started++
 			}
 			fmt.Fprintf(tw, "%s\t%.1fs\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.rank, r.req.AgeSeconds, safe(r.req.Queue), safe(r.req.Poll), ts,
@@ -231,6 +230,15 @@ func printInflightTable(w io.Writer, results []rankListing) {
 	if cut > 0 {
 		fmt.Fprintf(w, "%d rid(s) longer than %d bytes are cut here; --output=json prints them whole.\n", cut, maxTableRID)
 	}
+}
+
+// transferMayBeLive tells a decode request that the plugin refuses with
+// transfer_live unless the order says prefill_stopped: its transfer started
+// (unknown counts as started, as in the watchdog's safety rule) and its
+// receiver is not in a terminal state.
+func transferMayBeLive(d pluginapi.DecodeRequest) bool {
+	started := d.TransferStarted == nil || *d.TransferStarted
+	return started && d.Poll != pluginapi.PollSuccess && d.Poll != pluginapi.PollFailed
 }
 
 // decodeProgress is chunks received over chunks expected; "-" where the
@@ -326,7 +334,7 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 		return 1
 	}
 	if resp.Result == pluginapi.ResultFlipped && decode {
-		fmt.Fprintln(stdout, "The request is aborted: the decode scheduler releases it and its KV pages on its next pass. Confirm with `inflight` and sglang:num_transfer_failed_reqs_total (transfer queue) or sglang:num_bootstrap_failed_reqs_total (prealloc queue).")
+		fmt.Fprintln(stdout, "The request is aborted: SGLang's next decode pass answers the client with an error and frees its KV pages (after prefill's ABORT_ACK, or 30 s, with deferred release). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total (transfer queue) or sglang:num_bootstrap_failed_reqs_total (prealloc queue).")
 	} else if resp.Result == pluginapi.ResultFlipped {
 		fmt.Fprintln(stdout, "The lever is set: SGLang's Failed branch releases the request on its next pass (HTTP 500 to the client). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total.")
 	}
