@@ -608,20 +608,22 @@ class DecodeKVManager(KVManager):
         self.waiting_timeout = WAITING_TIMEOUT_S
         if deferred is not None:
             self.enable_deferred_decode_kv_release = deferred
-        self._deferred_abort_ack_tracker = {}
+        self._deferred_abort_ack_tracker = set()  # rooms registered as deferred aborts
+        self._abort_acks = set()  # rooms whose ABORT_ACK arrived, registered or not yet
 
     def register_deferred_abort_room(self, room):
-        self._deferred_abort_ack_tracker.setdefault(room, False)
+        # Idempotent, and an ack that raced ahead of the registration still counts.
+        self._deferred_abort_ack_tracker.add(room)
 
     def note_abort_ack(self, room):
-        if room in self._deferred_abort_ack_tracker:
-            self._deferred_abort_ack_tracker[room] = True
+        self._abort_acks.add(room)
 
     def is_abort_release_safe(self, room):
-        return self._deferred_abort_ack_tracker.get(room, False)
+        return room in self._deferred_abort_ack_tracker and room in self._abort_acks
 
     def clear_deferred_abort_state(self, room):
-        self._deferred_abort_ack_tracker.pop(room, None)
+        self._deferred_abort_ack_tracker.discard(room)
+        self._abort_acks.discard(room)
 
 
 class OlderDecodeKVManager(DecodeKVManager):
