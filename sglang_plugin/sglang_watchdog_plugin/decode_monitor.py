@@ -10,10 +10,11 @@ changed. Between passes SGLang only appends to the prealloc queue; inside
 the pass requests only leave the prealloc queue (for the transfer queue, or
 failed) and leave the transfer queue. So while both lengths are unchanged,
 so is the membership (the pass rebuilds both lists every polling pass, so
-their identity says nothing). When a length changed, the snapshot takes the
-live membership and describes only requests it has not seen before. Every
-room's poll and progress are re-read every REOBSERVE_INTERVAL_S and right
-after an order was handled, which also rebuilds the membership.
+their identity says nothing). When a length changed, the snapshot copies
+the two lists (tuples) and describes only requests appended since the last
+publication; inside the pass there is nothing new to describe. Every room's
+poll and progress are re-read every REOBSERVE_INTERVAL_S and right after an
+order was handled, which also lets go of requests that left.
 """
 
 import os
@@ -42,20 +43,20 @@ class DecodeFacts(NamedTuple):
 class DecodeSnapshot(NamedTuple):
     """What the HTTP threads may read.
 
-    ``members`` pairs each queued DecodeRequest with its queue name;
-    ``rooms`` maps id(decode_req) to the plain tuple
-    ``(decode_req, DecodeFacts, ReceiverView)``. As on prefill, the scheduler
-    thread only adds to that dict until it replaces it, and holding the
-    DecodeRequest keeps its id() from being reused while it is known.
+    ``prealloc_members`` and ``transfer_members`` are the queued
+    DecodeRequests of each queue, in queue order; ``rooms`` maps
+    id(decode_req) to the plain tuple ``(decode_req, DecodeFacts,
+    ReceiverView)``. As on prefill, the scheduler thread only adds to that
+    dict until it replaces it, and holding the DecodeRequest keeps its id()
+    from being reused while it is known.
     """
 
-    members: tuple
+    prealloc_members: tuple
+    transfer_members: tuple
     rooms: dict
-    prealloc: int
-    transfer: int
 
 
-_EMPTY = DecodeSnapshot(members=(), rooms={}, prealloc=0, transfer=0)
+_EMPTY = DecodeSnapshot(prealloc_members=(), transfer_members=(), rooms={})
 
 
 class DecodeMonitor(Monitor):
@@ -69,6 +70,8 @@ class DecodeMonitor(Monitor):
         self._deferred = {}  # id(decode_req) -> decode_req registered as a deferred abort by the plugin
         self._known_prealloc = 0
         self._known_transfer = 0
+        self._last_prealloc = None  # the prealloc list at the last publication
+        self._total_before_pass = 0
 
     def configure(self, scheduler, pass_fn):
         """Scheduler thread, at load: works out the decode lever from the code of this SGLang."""
@@ -110,22 +113,22 @@ class DecodeMonitor(Monitor):
             if self._orders:
                 self._handle_decode_orders(scheduler)
             prealloc, transfer = decode.queues(scheduler)
+            self._total_before_pass = len(prealloc) + len(transfer)
             if len(prealloc) != self._known_prealloc or len(transfer) != self._known_transfer:
-                self._publish(scheduler, time.perf_counter(), reobserve=False)
+                self._publish(prealloc, transfer, time.perf_counter(), newcomers=True)
         except Exception:
             self._log_error("before the decode queue pass")
 
     def after_pass(self, scheduler):
         try:
             now = time.perf_counter()
+            prealloc, transfer = decode.queues(scheduler)
             if self._handled_order or now >= self._next_reobserve:
-                self._publish(scheduler, now, reobserve=True)
-                self._handled_order = False
-                self._next_reobserve = now + self._reobserve_interval
-            else:
-                prealloc, transfer = decode.queues(scheduler)
-                if len(prealloc) != self._known_prealloc or len(transfer) != self._known_transfer:
-                    self._publish(scheduler, now, reobserve=False)
+                self._reobserve_all(prealloc, transfer, now)
+                self._publish(prealloc, transfer, now, newcomers=False)
+            elif len(prealloc) != self._known_prealloc or len(transfer) != self._known_transfer:
+                # Inside the pass requests only move on or leave: nothing new to describe.
+                self._publish(prealloc, transfer, now, newcomers=len(prealloc) + len(transfer) > self._total_before_pass)
         except Exception:
             self._log_error("after the decode queue pass")
 
@@ -148,42 +151,55 @@ class DecodeMonitor(Monitor):
             self._deferred[id(decode_req)] = decode_req
         return self._deferred.get(id(decode_req)) is decode_req
 
-    def _publish(self, scheduler, now, reobserve):
-        prealloc, transfer = decode.queues(scheduler)
-        known = self._rooms
-        rooms = {} if reobserve else known
-        members = []
-        for queue, decode_req in decode.queued(scheduler):
-            key = id(decode_req)
-            room = known.get(key)
-            if room is None:
+    def _publish(self, prealloc, transfer, now, newcomers):
+        if newcomers:
+            rooms = self._rooms
+            for decode_req in self._newcomers(prealloc, transfer):
                 facts = self._describe(decode_req, now)
-                if facts is None:
-                    continue  # cannot be named in the listing nor targeted by an order
-                room = self._observed(decode_req, facts, None)
-            elif reobserve:
-                room = self._observed(decode_req, room[1], room[2])
-            rooms[key] = room
-            members.append((decode_req, queue))
-        if reobserve:
-            # Released requests are let go; readers of the previous snapshot
-            # keep a dict that no longer changes.
-            self._rooms = rooms
-            for gone in self._deferred.keys() - rooms.keys():
-                del self._deferred[gone]
-        if self.capabilities is None:
-            self._resolve_from(members)
+                if facts is not None:  # unnamed requests cannot be listed nor targeted
+                    rooms[id(decode_req)] = self._observed(decode_req, facts, None)
+                    if self.capabilities is None:
+                        self._resolve_from(decode_req)
+        self._last_prealloc = prealloc
         self._known_prealloc = len(prealloc)
         self._known_transfer = len(transfer)
-        self.snapshot = DecodeSnapshot(members=tuple(members), rooms=self._rooms,
-                                       prealloc=len(prealloc), transfer=len(transfer))
+        self.snapshot = DecodeSnapshot(tuple(prealloc), tuple(transfer), self._rooms)
 
-    def _resolve_from(self, members):
-        for decode_req, _ in members:
-            found = decode.backend_receiver(getattr(decode_req, "kv_receiver", None), self.identity.backend)
-            if found is not None:
-                self._resolve_receiver(found)
-                return
+    def _newcomers(self, prealloc, transfer):
+        rooms = self._rooms
+        if prealloc is self._last_prealloc and len(prealloc) >= self._known_prealloc and \
+                len(transfer) == self._known_transfer:
+            return [d for d in prealloc[self._known_prealloc:] if id(d) not in rooms]  # appended between passes
+        return [d for queue in (prealloc, transfer) for d in queue if id(d) not in rooms]
+
+    def _reobserve_all(self, prealloc, transfer, now):
+        known = self._rooms
+        rooms = {}
+        for queue in (prealloc, transfer):
+            for decode_req in queue:
+                room = known.get(id(decode_req))
+                if room is None:
+                    facts = self._describe(decode_req, now)
+                    if facts is None:
+                        continue
+                    room = self._observed(decode_req, facts, None)
+                    if self.capabilities is None:
+                        self._resolve_from(decode_req)
+                else:
+                    room = self._observed(decode_req, room[1], room[2])
+                rooms[id(decode_req)] = room
+        # A fresh dict: released requests are let go, and readers of the
+        # previous snapshot keep a dict that no longer changes.
+        self._rooms = rooms
+        for gone in self._deferred.keys() - rooms.keys():
+            del self._deferred[gone]
+        self._handled_order = False
+        self._next_reobserve = now + self._reobserve_interval
+
+    def _resolve_from(self, decode_req):
+        found = decode.backend_receiver(getattr(decode_req, "kv_receiver", None), self.identity.backend)
+        if found is not None:
+            self._resolve_receiver(found)
 
     def _describe(self, decode_req, now):
         req = getattr(decode_req, "req", None)
@@ -212,24 +228,13 @@ class DecodeMonitor(Monitor):
     # -- HTTP threads -----------------------------------------------------
 
     def _known_facts(self, rid):
-        rooms = self.snapshot.rooms
-        for decode_req, _ in self.snapshot.members:
-            room = rooms.get(id(decode_req))
-            if room is not None and room[1].rid == rid:
-                return room[1]
-        return None
+        return next((facts for _, facts, _, _ in _listed(self.snapshot) if facts.rid == rid), None)
 
     def listing(self):
         snapshot = self.snapshot
         now = time.perf_counter()
         ident = self.identity
         caps = self.capabilities
-        rows = []
-        rooms = snapshot.rooms
-        for decode_req, queue in snapshot.members:
-            room = rooms.get(id(decode_req))
-            if room is not None:
-                rows.append(_row(room[1], room[2], queue, now))
         return {
             "api_version": API_VERSION,
             "server": {
@@ -249,12 +254,22 @@ class DecodeMonitor(Monitor):
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
             "queues": {"bootstrap": 0, "waiting": 0, "inflight": 0,
-                       "prealloc": snapshot.prealloc, "transfer": snapshot.transfer},
+                       "prealloc": len(snapshot.prealloc_members), "transfer": len(snapshot.transfer_members)},
             # Empty on decode, so that a watchdog predating decode listings finds nothing to act on.
             "inflight": [],
             "orphaned_transfers": [],
-            "decode_requests": rows,
+            "decode_requests": [_row(facts, view, queue, now) for _, facts, view, queue in _listed(snapshot)],
         }
+
+
+def _listed(snapshot):
+    """(decode_req, facts, view, queue name) of the snapshot's requests, prealloc queue first, in queue order."""
+    rooms = snapshot.rooms
+    for queue, members in ((decode.PREALLOC, snapshot.prealloc_members), (decode.TRANSFER, snapshot.transfer_members)):
+        for decode_req in members:
+            room = rooms.get(id(decode_req))
+            if room is not None:
+                yield room + (queue,)
 
 
 def _row(facts, view, queue, now):
