@@ -337,6 +337,34 @@ class LeverDetectionTest(unittest.TestCase):
 
 
 class ThreadingTest(unittest.TestCase):
+    def test_plugin_failures_never_reach_the_decode_scheduler(self):
+        from sglang_watchdog_plugin.decode_monitor import DecodeMonitor
+        from sglang_watchdog_plugin.identity import identify
+
+        class Broken(standins.DecodeScheduler):
+            breaking = False
+
+            @property
+            def disagg_decode_transfer_queue(self):
+                if self.breaking:
+                    raise RuntimeError("plugin-visible breakage")
+                return self._transfer_queue
+
+            @disagg_decode_transfer_queue.setter
+            def disagg_decode_transfer_queue(self, value):
+                self._transfer_queue = value
+
+        broken = Broken()
+        broken.breaking = True
+        monitor = DecodeMonitor(identify(broken))
+        with self.assertLogs("sglang_watchdog_plugin", "ERROR") as logs:
+            for _ in range(50):
+                monitor.before_pass(broken)
+                monitor.after_pass(broken)
+        self.assertEqual(len(logs.output), 1)  # rate-limited, not once per pass
+        self.assertEqual(monitor.iterations, 50)
+
+
     def test_listing_never_touches_receivers(self):
         s = standins.DecodeScheduler(backend="nixl")
         s.add_request("r1", 5)
