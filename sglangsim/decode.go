@@ -546,7 +546,14 @@ func (dr *drank) popPreallocated(s *Sim, now time.Time) {
 			dr.m.bootstrapFailed++
 			d.cause = cause
 			dr.release(s, d, v, at, now)
-		case pollWaitingForInput:
+		case pollWaitingForInput, pollSuccess:
+			// SGLang's prefill writes nothing before the receiver's
+			// metadata (sent right after preallocation), so a receiver
+			// reading Success here has been preallocated in SGLang's
+			// order of events; only the simulator's prefill, which does
+			// not wait for decode, can finish first (a paused or
+			// restarting decode). It moves on as it would have, and the
+			// transfer queue's next poll reads Success.
 			dr.alloc(d, now)
 			d.inTransfer = true
 			// Preallocation and send_metadata follow the handshake at once.

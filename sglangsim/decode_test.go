@@ -595,3 +595,36 @@ func TestDecodePP(t *testing.T) {
 		t.Fatalf("%d %+v", st, resp)
 	}
 }
+
+// TestDecodeSuccessLeavesPrealloc: SGLang's prefill writes nothing before
+// decode preallocated and sent its metadata, so no request sits in the
+// prealloc queue with a receiver reading Success. When the simulator's
+// prefill finishes first (decode's loop was paused), decode moves the
+// request on: the transfer queue's next poll reads Success and the request
+// decodes and frees its pages, as every finished transfer does.
+func TestDecodeSuccessLeavesPrealloc(t *testing.T) {
+	s, c := newSim(t, Options{})
+	s.PauseDecodeLoop(0, true)
+	rid, _ := s.Submit(RequestSpec{Transfer: time.Second})
+	run(s, c, 3*time.Second, 100*time.Millisecond)
+	if r := recordOf(t, s, rid); r.Outcome != OutcomeSuccess {
+		t.Fatalf("prefill should have finished while decode was paused: %+v", r)
+	}
+	s.PauseDecodeLoop(0, false)
+	s.Step() // admits it to the prealloc queue
+	if d := mustDecodeReq(t, s.DecodeListing(0), rid); d.Queue != pluginapi.DecodeQueuePrealloc {
+		t.Fatalf("after admission: %+v", d)
+	}
+	c.Advance(10 * time.Millisecond)
+	s.Step()
+	if d := mustDecodeReq(t, s.DecodeListing(0), rid); d.Queue != pluginapi.DecodeQueueTransfer || d.Poll != "Success" {
+		t.Fatalf("a receiver reading Success must leave the prealloc queue: %+v", d)
+	}
+	run(s, c, time.Second, 10*time.Millisecond)
+	if _, ok := decodeReq(s.DecodeListing(0), rid); ok {
+		t.Fatalf("still queued: %+v", s.DecodeListing(0))
+	}
+	if r := recordOf(t, s, rid); r.DecodeEnd != DecodeSuccess || r.DecodeReleased.IsZero() {
+		t.Fatalf("record %+v", r)
+	}
+}

@@ -155,9 +155,11 @@
 // both report transfer_queue (Mooncake keys its queues by the sum of the
 // destination session ports: one port per simulated endpoint, so the same
 // queue as NIXL), transfer_in_flight and orphaned_transfers (the common
-// manager's _staging_outstanding); mid-2025 NIXL transfers synchronously and
-// reports none of them (transfer_queue and server.transfer_queues null,
-// transfer_in_flight false, orphaned_transfers empty).
+// manager's _staging_outstanding), with server.transfer_tracking true: a
+// transfer_in_flight of false then proves no chunk in flight. Mid-2025 NIXL
+// transfers synchronously and reports none of them (transfer_queue and
+// server.transfer_queues null, transfer_in_flight false, orphaned_transfers
+// empty, server.transfer_tracking false).
 //
 // # Restarts and crashes
 //
@@ -194,7 +196,11 @@
 // A decode request waits in the prealloc queue (receiver Bootstrapping)
 // until prefill's handshake is done; then, in one pass, it gets its KV
 // pages, sends its metadata (init_time = the handshake's end) and moves to
-// the transfer queue. There it reads what the prefill side's senders did:
+// the transfer queue. (SGLang's prefill writes nothing before that metadata;
+// the simulator's prefill does not wait for it, so when decode's loop was
+// paused or down a request can reach the prealloc queue with every chunk
+// delivered: its receiver reads Success and it moves on the same way, and
+// never sits in the prealloc queue with a Success poll.) There it reads what the prefill side's senders did:
 // progress is the chunks written (summed over prefill's PP stages,
 // chunks_expected = chunks per stage x stages), transfer_started once a
 // chunk was posted. The receiver's poll is a latched Failed (abort), Success

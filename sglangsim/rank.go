@@ -1082,6 +1082,9 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	if queues {
 		srv.TransferQueues = intPtr(TransferQueues)
 	}
+	// transfer_in_flight below is read from that count exactly where it
+	// exists, so the listing can say a false proves no chunk in flight.
+	srv.TransferTracking = &queues
 	l := pluginapi.Listing{
 		APIVersion:        pluginapi.APIVersion,
 		Server:            srv,

@@ -346,7 +346,8 @@ func TestParityScenario(t *testing.T) {
 				wantLevers = []string{pluginapi.LeverAbort}
 			}
 			if srv := l.Server; !slices.Equal(srv.Levers, wantLevers) || srv.LeverNote != "" || srv.PPSize != 1 ||
-				!reflect.DeepEqual(srv.TransferQueues, queue(TransferQueues)) || l.OrphanedTransfers == nil || len(l.OrphanedTransfers) != 0 {
+				!reflect.DeepEqual(srv.TransferQueues, queue(TransferQueues)) || !reflect.DeepEqual(srv.TransferTracking, ptr(true)) ||
+				l.OrphanedTransfers == nil || len(l.OrphanedTransfers) != 0 {
 				t.Errorf("parity server %+v, orphaned %v", srv, l.OrphanedTransfers)
 			}
 			run(s, c, time.Second, 100*time.Millisecond)
