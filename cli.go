@@ -233,12 +233,13 @@ func printInflightTable(w io.Writer, results []rankListing) {
 }
 
 // transferMayBeLive tells a decode request that the plugin refuses with
-// transfer_live unless the order says prefill_stopped: its transfer started
-// (unknown counts as started, as in the watchdog's safety rule) and its
-// receiver is not in a terminal state.
+// transfer_live unless the order says prefill_stopped: in the transfer
+// queue (a prealloc request has sent prefill no pages to write to), its
+// transfer started (unknown counts as started) and its receiver is not in a
+// terminal state.
 func transferMayBeLive(d pluginapi.DecodeRequest) bool {
 	started := d.TransferStarted == nil || *d.TransferStarted
-	return started && d.Poll != pluginapi.PollSuccess && d.Poll != pluginapi.PollFailed
+	return d.Queue == pluginapi.DecodeQueueTransfer && started && d.Poll != pluginapi.PollSuccess && d.Poll != pluginapi.PollFailed
 }
 
 // decodeProgress is chunks received over chunks expected; "-" where the

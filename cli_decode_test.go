@@ -120,7 +120,10 @@ func TestInflightDecodeTableIsSafeForATerminal(t *testing.T) {
 				{RID: "a\ndp0/pp0  9.0s  transfer  Success  false  4/4  request  forged  1", BootstrapRoom: 11, Queue: "transfer",
 					AgeSeconds: 20, Progress: 2, ChunksExpected: &four, TransferStarted: &yes},
 				{RID: "red\x1b[31m" + strings.Repeat("x", 500), BootstrapRoom: 12, Queue: "prealloc", AgeSeconds: 10, Progress: -1},
-				// Done: not counted as a transfer that may be live.
+				// Unknown in the transfer queue counts as started.
+				{RID: "unsure", BootstrapRoom: 14, Queue: "transfer", Poll: pluginapi.PollWaitingForInput, AgeSeconds: 7, Progress: -1},
+				// Done: not counted as a transfer that may be live, nor is
+				// the prealloc request above.
 				{RID: "done", BootstrapRoom: 13, Queue: "transfer", Poll: pluginapi.PollSuccess, AgeSeconds: 5, Progress: 4,
 					ChunksExpected: &four, TransferStarted: &yes},
 			}}},
@@ -130,15 +133,16 @@ func TestInflightDecodeTableIsSafeForATerminal(t *testing.T) {
 		t.Errorf("raw control characters reached the terminal:\n%q", out)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	// prefill header, row, count; decode header, 3 rows, count; started note, cut note
-	if len(lines) != 10 {
-		t.Fatalf("%d lines, want 10 (a rid forged a row?):\n%s", len(lines), out)
+	// prefill header, row, count; decode header, 4 rows, count; started note, cut note
+	if len(lines) != 11 {
+		t.Fatalf("%d lines, want 11 (a rid forged a row?):\n%s", len(lines), out)
 	}
 	if !strings.Contains(lines[2], "1 inflight request(s) on 1 rank(s)") || !strings.Contains(lines[4], `"a\ndp0`) ||
 		!strings.Contains(lines[4], "2/4") || !strings.Contains(lines[5], "-/?") || !strings.Contains(lines[5], "unknown") ||
-		!strings.Contains(lines[5], "more bytes]") || !strings.Contains(lines[6], "done") || !strings.Contains(lines[6], "4/4") ||
-		!strings.Contains(lines[7], "3 decode request(s) on 1 decode rank(s)") ||
-		!strings.Contains(lines[8], "2 decode request(s) whose KV transfer started (or may have)") {
+		!strings.Contains(lines[5], "more bytes]") || !strings.Contains(lines[6], "unsure") || !strings.Contains(lines[6], "unknown") ||
+		!strings.Contains(lines[7], "done") || !strings.Contains(lines[7], "4/4") ||
+		!strings.Contains(lines[8], "4 decode request(s) on 1 decode rank(s)") ||
+		!strings.Contains(lines[9], "2 decode request(s) whose KV transfer started (or may have)") {
 		t.Errorf("table:\n%s", out)
 	}
 }
