@@ -120,6 +120,7 @@ func TestPoolNoStallWithoutPins(t *testing.T) {
 					peak = max(peak, s.Pool(r).UsedTokens)
 				}
 			}
+			t.Logf("peak pool use %d tokens of %d", peak, DefaultKVPoolTokens)
 			if peak*4 > DefaultKVPoolTokens {
 				t.Fatalf("healthy traffic used %d tokens of the pool", peak)
 			}

@@ -642,7 +642,8 @@ func (s *Sim) PauseLoop(rank int, paused bool) {
 // for BootTime the plugin listeners and /metrics refuse connections. Then
 // the server serves again with new pids, empty queues, loop counters,
 // counters and histograms from 0, no wedged transfer worker and no
-// orphaned transfer, and a warm-up batch writes the gauges. Pending
+// orphaned transfer, and a warm-up batch writes the gauges. Requests that
+// arrive while it boots are refused (OutcomeRefusedBooting). Pending
 // force-fail orders are answered 503. Later requests may reuse a room id
 // with a new rid.
 func (s *Sim) Restart() { s.restartServer(s.clock.Now()) }
