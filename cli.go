@@ -33,11 +33,25 @@ const fakeBootstrapHost = "2.2.2.2"
 // plugin's flag, room 0, the fake bootstrap host, or the rid prefix
 // (warm-ups have the host and room but not the prefix).
 func isHealthCheck(r pluginapi.Room) bool {
-	host := r.BootstrapAddr
+	return healthCheck(r.HealthCheck, r.RID, r.BootstrapRoom, r.BootstrapAddr)
+}
+
+// isDecodeHealthCheck is isHealthCheck for a decode request.
+func isDecodeHealthCheck(d pluginapi.DecodeRequest) bool {
+	return healthCheck(d.HealthCheck, d.RID, d.BootstrapRoom, d.BootstrapAddr)
+}
+
+func healthCheck(flagged bool, rid string, room uint64, addr string) bool {
+	host := addr
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	return r.HealthCheck || r.BootstrapRoom == 0 || host == fakeBootstrapHost || strings.HasPrefix(r.RID, healthCheckRIDPrefix)
+	return flagged || room == 0 || host == fakeBootstrapHost || strings.HasPrefix(rid, healthCheckRIDPrefix)
+}
+
+// isDecode tells a decode plugin's listing (round 3).
+func isDecode(l *pluginapi.Listing) bool {
+	return l.Server.DisaggregationMode == pluginapi.ModeDecode
 }
 
 // safe makes text from a plugin fit for a terminal: anything that is not
@@ -120,16 +134,32 @@ type tableRow struct {
 	healthCheck bool
 }
 
-// printInflightTable lists requests oldest first and health checks last,
-// marked: they are never force-failed, so they must not head the list an
-// operator picks from.
+type decodeRow struct {
+	rank        string
+	req         pluginapi.DecodeRequest
+	healthCheck bool
+}
+
+// printInflightTable lists the prefill ranks' rooms, then the decode ranks'
+// requests, each oldest first with health checks last, marked: they are
+// never force-failed, so they must not head the list an operator picks from.
 func printInflightTable(w io.Writer, results []rankListing) {
 	var rows []tableRow
+	var drows []decodeRow
+	decodeRanks, prefillRanks := 0, 0
 	for _, r := range results {
 		if r.Listing == nil {
 			continue
 		}
 		rank := fmt.Sprintf("dp%d/pp%d", r.Listing.Server.DPRank, r.Listing.Server.PPRank)
+		if isDecode(r.Listing) {
+			decodeRanks++
+			for _, d := range r.Listing.DecodeRequests {
+				drows = append(drows, decodeRow{rank: rank, req: d, healthCheck: isDecodeHealthCheck(d)})
+			}
+			continue
+		}
+		prefillRanks++
 		for _, room := range r.Listing.Inflight {
 			rows = append(rows, tableRow{rank: rank, room: room, healthCheck: isHealthCheck(room)})
 		}
@@ -140,31 +170,89 @@ func printInflightTable(w io.Writer, results []rankListing) {
 		}
 		return rows[i].room.AgeSeconds > rows[j].room.AgeSeconds
 	})
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "RANK\tAGE\tPOLL\tPROGRESS\tKIND\tRID\tROOM\tSEND_FAILED")
+	sort.SliceStable(drows, func(i, j int) bool {
+		if drows[i].healthCheck != drows[j].healthCheck {
+			return !drows[i].healthCheck
+		}
+		return drows[i].req.AgeSeconds > drows[j].req.AgeSeconds
+	})
 	cut, checks := 0, 0
-	for _, r := range rows {
-		kind := "request"
-		if r.healthCheck {
+	tableRID := func(rid string, hc bool) (kind, shown string) {
+		kind = "request"
+		if hc {
 			kind = "HEALTH_CHECK"
 			checks++
 		}
-		rid := r.room.RID
 		if len(rid) > maxTableRID {
 			rid = logging.Truncate(rid, maxTableRID)
 			cut++
 		}
-		fmt.Fprintf(tw, "%s\t%.1fs\t%s\t%d\t%s\t%s\t%d\t%t\n", r.rank, r.room.AgeSeconds, safe(r.room.Poll), r.room.Progress,
-			kind, safe(rid), r.room.BootstrapRoom, r.room.SendFailed)
+		return kind, safe(rid)
 	}
-	tw.Flush()
-	fmt.Fprintf(w, "%d inflight request(s) on %d rank(s)\n", len(rows), len(results))
+	// Ranks that could not be read count as prefill ranks, as before
+	// decode listings existed; a decode-only read prints no prefill table.
+	if decodeRanks == 0 || prefillRanks > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RANK\tAGE\tPOLL\tPROGRESS\tKIND\tRID\tROOM\tSEND_FAILED")
+		for _, r := range rows {
+			kind, rid := tableRID(r.room.RID, r.healthCheck)
+			fmt.Fprintf(tw, "%s\t%.1fs\t%s\t%d\t%s\t%s\t%d\t%t\n", r.rank, r.room.AgeSeconds, safe(r.room.Poll), r.room.Progress,
+				kind, rid, r.room.BootstrapRoom, r.room.SendFailed)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "%d inflight request(s) on %d rank(s)\n", len(rows), len(results)-decodeRanks)
+	}
+	started := 0
+	if decodeRanks > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "RANK\tAGE\tQUEUE\tPOLL\tTRANSFER_STARTED\tPROGRESS\tKIND\tRID\tROOM")
+		for _, r := range drows {
+			kind, rid := tableRID(r.req.RID, r.healthCheck)
+			ts := "unknown"
+			if r.req.TransferStarted != nil {
+				ts = strconv.FormatBool(*r.req.TransferStarted)
+			}
+			if transferMayBeLive(r.req) && !r.healthCheck {
+				started++
+			}
+			fmt.Fprintf(tw, "%s\t%.1fs\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.rank, r.req.AgeSeconds, safe(r.req.Queue), safe(r.req.Poll), ts,
+				decodeProgress(r.req), kind, rid, r.req.BootstrapRoom)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "%d decode request(s) on %d decode rank(s)\n", len(drows), decodeRanks)
+	}
 	if checks > 0 {
 		fmt.Fprintf(w, "%d HEALTH_CHECK row(s): SGLang's own health checks and warm-ups, listed last; they are never force-failed.\n", checks)
+	}
+	if started > 0 {
+		fmt.Fprintf(w, "%d decode request(s) whose KV transfer started (or may have): force-fail refuses them (transfer_live) unless --prefill-stopped asserts that prefill stopped sending.\n", started)
 	}
 	if cut > 0 {
 		fmt.Fprintf(w, "%d rid(s) longer than %d bytes are cut here; --output=json prints them whole.\n", cut, maxTableRID)
 	}
+}
+
+// transferMayBeLive tells a decode request that the plugin refuses with
+// transfer_live unless the order says prefill_stopped: in the transfer
+// queue (a prealloc request has sent prefill no pages to write to), its
+// transfer started (unknown counts as started) and its receiver is not in a
+// terminal state.
+func transferMayBeLive(d pluginapi.DecodeRequest) bool {
+	started := d.TransferStarted == nil || *d.TransferStarted
+	return d.Queue == pluginapi.DecodeQueueTransfer && started && d.Poll != pluginapi.PollSuccess && d.Poll != pluginapi.PollFailed
+}
+
+// decodeProgress is chunks received over chunks expected; "-" where the
+// backend counts none (progress -1), "?" where the total is unknown.
+func decodeProgress(d pluginapi.DecodeRequest) string {
+	p := "-"
+	if d.Progress >= 0 {
+		p = strconv.FormatInt(d.Progress, 10)
+	}
+	if d.ChunksExpected == nil {
+		return p + "/?"
+	}
+	return p + "/" + strconv.FormatInt(*d.ChunksExpected, 10)
 }
 
 // runForceFail makes one admin call. It exits 0 only if the lever was set,
@@ -181,7 +269,7 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 	if err != nil {
 		return usage("%v", err)
 	}
-	order := pluginapi.ForceFailRequest{RID: o.rid, Reason: o.reason, DryRun: o.dryRun}
+	order := pluginapi.ForceFailRequest{RID: o.rid, Reason: o.reason, DryRun: o.dryRun, PrefillStopped: o.prefillStopped}
 	if strings.HasPrefix(o.rid, healthCheckRIDPrefix) {
 		return usage("--rid %s is one of SGLang's health checks; they are never force-failed", safe(o.rid))
 	}
@@ -200,12 +288,22 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 	// A warm-up has neither the rid prefix nor, unless given, a room: look
 	// it up first. The plugin refuses health checks too (409); this keeps
 	// an older plugin from acting on one.
+	decode := false
 	if l, err := client.Inflight(ctx); err == nil {
+		decode = isDecode(l)
+		refuse := func(room uint64, addr string) int {
+			fmt.Fprintf(stderr, "%s: refused: %s is a health check or warm-up of SGLang (room %d, bootstrap %s); they are never force-failed\n",
+				appName, safe(o.rid), room, safe(addr))
+			return 1
+		}
 		for _, r := range l.Inflight {
 			if r.RID == o.rid && isHealthCheck(r) {
-				fmt.Fprintf(stderr, "%s: refused: %s is a health check or warm-up of SGLang (room %d, bootstrap %s); they are never force-failed\n",
-					appName, safe(o.rid), r.BootstrapRoom, safe(r.BootstrapAddr))
-				return 1
+				return refuse(r.BootstrapRoom, r.BootstrapAddr)
+			}
+		}
+		for _, d := range l.DecodeRequests {
+			if d.RID == o.rid && isDecodeHealthCheck(d) {
+				return refuse(d.BootstrapRoom, d.BootstrapAddr)
 			}
 		}
 	}
@@ -225,12 +323,20 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 		fmt.Fprintf(stdout, " error=%q", resp.Error)
 	}
 	fmt.Fprintln(stdout)
+	if resp.Result == pluginapi.ResultTransferLive {
+		fmt.Fprintf(stderr, "%s: refused by the decode plugin: the KV transfer into this request's pages has started and may still be live; "+
+			"freeing them now could let a late write from prefill corrupt another request's KV. Check that the prefill peer stopped sending "+
+			"for this room (its watchdog's GET /api/v1/rooms/<room> answers \"stopped\", or the prefill request is gone), then repeat with --prefill-stopped.\n", appName)
+		return 1
+	}
 	ok := status == http.StatusOK && (resp.Result == pluginapi.ResultFlipped || resp.Result == pluginapi.ResultAlreadyFailed ||
 		(o.dryRun && resp.Result == pluginapi.ResultWouldFlip))
 	if !ok {
 		return 1
 	}
-	if resp.Result == pluginapi.ResultFlipped {
+	if resp.Result == pluginapi.ResultFlipped && decode {
+		fmt.Fprintln(stdout, "The request is aborted: SGLang's next decode pass answers the client with an error and frees its KV pages (after prefill's ABORT_ACK, or 30 s, with deferred release). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total (transfer queue) or sglang:num_bootstrap_failed_reqs_total (prealloc queue).")
+	} else if resp.Result == pluginapi.ResultFlipped {
 		fmt.Fprintln(stdout, "The lever is set: SGLang's Failed branch releases the request on its next pass (HTTP 500 to the client). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total.")
 	}
 	return 0

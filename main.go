@@ -163,6 +163,8 @@ type options struct {
 	ffToken    string
 	ffRemote   bool
 	ffInflight time.Duration
+	// decode only
+	prefillStopped bool
 
 	demo demoOptions
 }
@@ -200,8 +202,8 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("alertmanager.webhook.token-file", "File holding the bearer token Alertmanager must send to the webhook; re-read on every delivery.").StringVar(&o.webhookTokenFile)
 	runCmd.Flag("alertmanager.webhook.match-label", "NAME=VALUE that an alert must carry to be acted on, naming this watchdog, e.g. pod=$(POD_NAME) (repeatable; all must match).").StringsVar(&o.webhookMatch)
 
-	inflightCmd := app.Command("inflight", "List every rank's inflight requests, oldest first.")
-	inflightCmd.Flag("plugin.url", "Base URL of the plugin of one prefill rank (repeatable).").Required().StringsVar(&o.pluginURLs)
+	inflightCmd := app.Command("inflight", "List every rank's inflight requests (prefill) and prealloc and transfer queues (decode), oldest first.")
+	inflightCmd.Flag("plugin.url", "Base URL of the plugin of one prefill or decode rank (repeatable).").Required().StringsVar(&o.pluginURLs)
 	inflightCmd.Flag("plugin.timeout", "Timeout of one listing read.").Default("5s").DurationVar(&o.ffInflight)
 	inflightCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for https plugin URLs.").StringVar(&o.pluginTLSFile)
 	inflightCmd.Flag("plugin.allow-remote", "Allow plugin URLs that are not loopback addresses.").BoolVar(&o.allowRemote)
@@ -213,6 +215,7 @@ func newApp(o *options) *kingpin.Application {
 	ffCmd.Flag("plugin.url", "Base URL of the plugin of the request's rank.").Default("http://127.0.0.1:30100").StringVar(&o.oneURL)
 	ffCmd.Flag("plugin.token-file", "File holding the plugin's bearer token.").StringVar(&o.ffToken)
 	ffCmd.Flag("reason", "Why, recorded by the plugin with the failure.").NoEnvar().Default("manual force-fail with sglang-watchdog").StringVar(&o.reason)
+	ffCmd.Flag("prefill-stopped", "Decode only: assert that the prefill peer has stopped sending KV for this request's room (sends prefill_stopped: true). A decode plugin refuses a request whose transfer started without it (409 transfer_live). Asserting it wrongly lets a late write from prefill corrupt the KV of another request that reuses the freed pages: a silently wrong answer. Check the prefill watchdog's verdict for the room (GET /api/v1/rooms/<room> answers \"stopped\") first.").NoEnvar().BoolVar(&o.prefillStopped)
 	ffCmd.Flag("dry-run", "Ask the plugin whether it would flip the lever, and change nothing.").NoEnvar().BoolVar(&o.dryRun)
 	ffCmd.Flag("force-fail.timeout", "Timeout of the admin call; longer than the plugin's 5s wait.").Default("7s").DurationVar(&o.ffTimeout)
 	ffCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for an https plugin URL.").StringVar(&o.pluginTLSFile)

@@ -29,6 +29,13 @@ func TestSidecarArgsAreAcceptedFlags(t *testing.T) {
 		if cmd != "run" {
 			t.Errorf("%s: args select command %q, want the watchdog (run)", file, cmd)
 		}
+		// The verdict lookups' URL template and networks, as the binary
+		// checks them at start (the HTTP client file lives in the pod).
+		d := o.decode
+		d.prefillHTTPConfig = ""
+		if _, err := verdictClient(&d); err != nil {
+			t.Errorf("%s: the binary rejects the sidecar's verdict lookups: %v", file, err)
+		}
 	}
 }
 

@@ -8,9 +8,11 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
+// flood submits n endless progressing requests with prompts short enough
+// (256 tokens) that 1500 fit in the rank's KV pool.
 func flood(e *env, rank, n int) {
 	for i := 0; i < n; i++ {
-		e.sim.Submit(sglangsim.RequestSpec{Rank: rank, Behavior: sglangsim.BehaviorSlow, Transfer: -1})
+		e.sim.Submit(sglangsim.RequestSpec{Rank: rank, Behavior: sglangsim.BehaviorSlow, Transfer: -1, PromptTokens: 256})
 	}
 }
 

@@ -76,6 +76,9 @@ func TestFaultSGLangRestart(t *testing.T) {
 
 	e.sim.Restart()
 	restartAt := e.clk.Now()
+	// The new requests come once the server serves again: while it boots
+	// the router's connection is refused.
+	e.tick(int(sglangsim.DefaultBootTime / time.Second))
 	pinB, _ := e.sim.Submit(sglangsim.RequestSpec{Rank: 0, Behavior: sglangsim.BehaviorPinResurrection, Room: roomA})
 	slow, _ := e.sim.Submit(sglangsim.RequestSpec{Rank: 1, Behavior: sglangsim.BehaviorSlow, Transfer: -1, Room: roomC})
 	e.tick(90)

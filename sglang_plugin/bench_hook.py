@@ -1,11 +1,14 @@
-"""Measures what the hook adds to one inflight pass, with 100 inflight rooms.
+"""Measures what the hooks add to one pass, with 100 rooms: prefill's inflight pass and decode's queue pass.
 
     python3 sglang_plugin/bench_hook.py
 
-The pass is the stand-in of SGLang's (tests/standins.py): it polls 100 NIXL
-senders that stay in Transferring. Each figure is the best of several runs
-of many back-to-back passes, in microseconds per pass; the runs of the
-unwrapped and the hooked pass alternate, so that both see the same load.
+The passes are the stand-ins of SGLang's (tests/standins.py). Prefill: the
+inflight pass polls 100 NIXL senders that stay in Transferring. Decode:
+process_decode_queue with 50 requests waiting in the prealloc queue
+(handshake pending) and 50 NIXL receivers in the transfer queue with chunks
+arriving, none finished. Each figure is the best of several runs of many
+back-to-back passes, in microseconds per pass; the runs of the unwrapped and
+the hooked pass alternate, so that both see the same load.
 """
 
 import json
@@ -66,6 +69,70 @@ def churn(scheduler, rooms):
     return add_one_that_finishes
 
 
+def decode_scheduler_with_rooms(count):
+    s = standins.DecodeScheduler(backend="nixl", pages=standins.PagePool(count))
+    for i in range(count):
+        s.add_request(f"rid-{i:04d}", 2**63 + i, handshake=i % 2 == 0)
+    standins.DecodeMixin.process_decode_queue.__wrapped__(s)  # the handshaken half moves to the transfer queue
+    for i in range(0, count, 2):
+        s.kv_manager.receive_chunk(2**63 + i, 0)
+    return s
+
+
+def decode_main():
+    hook.install(standins.DecodeMixin, hook.DECODE_METHOD)
+    original = standins.DecodeMixin.process_decode_queue.__wrapped__
+    scheduler = decode_scheduler_with_rooms(ROOMS)
+
+    def unwrapped():
+        original(scheduler)
+
+    def hooked():
+        hook.around_decode_pass(original, scheduler)
+
+    hooked()
+    monitor = hook.monitor_for(scheduler)
+    bare, steady = compare(unwrapped, hooked)
+
+    count = [0]
+
+    def arrive():
+        # One request in (prealloc, handshake done, so it moves on in the pass) and one out
+        # (the oldest transferring room completes) per pass.
+        count[0] += 1
+        room = 2**62 + count[0]
+        scheduler.add_request(f"churn-{count[0]}", room)
+        transfer = scheduler.disagg_decode_transfer_queue.queue
+        if transfer:
+            done_room = transfer[0].req.bootstrap_room
+            scheduler.kv_manager.receive_chunk(done_room, 0)
+            scheduler.kv_manager.receive_chunk(done_room, 1, last_of=2)
+            scheduler.kv_manager.receive_aux(done_room)
+
+    churn_bare, churn_hooked = compare(lambda: (arrive(), unwrapped()), lambda: (arrive(), hooked()))
+
+    monitor._reobserve_interval = 0.0
+    every = per_pass_us(hooked)
+    monitor._reobserve_interval = REOBSERVE_INTERVAL_S
+
+    start = time.perf_counter()
+    for _ in range(200):
+        json.dumps(monitor.listing(), separators=(",", ":"))
+    listing_us = (time.perf_counter() - start) / 200 * 1e6
+
+    print(f"decode: {ROOMS} requests (50 prealloc, 50 transfer), best of {RUNS} runs x {PASSES} passes")
+    print(f"unwrapped process_decode_queue:         {bare:8.2f} us")
+    print(f"hooked, steady state:                   {steady:8.2f} us  added {steady - bare:6.2f} us "
+          f"(target <= {TARGET_US:g} us)")
+    print(f"hooked, one request in + one out:       {churn_hooked:8.2f} us  added {churn_hooked - churn_bare:6.2f} us")
+    print(f"hooked, re-reading every request:       {every:8.2f} us  added {every - bare:6.2f} us "
+          f"(once per {REOBSERVE_INTERVAL_S:g} s)")
+    listed = len(monitor.listing()["decode_requests"])
+    print(f"GET /debug/inflight JSON (HTTP thread): {listing_us:8.2f} us for {listed} requests")
+    monitor.close()
+    return steady - bare <= TARGET_US
+
+
 def main():
     original = standins.PrefillMixin.process_disagg_prefill_inflight_queue
     scheduler = scheduler_with_rooms(ROOMS)
@@ -107,7 +174,9 @@ def main():
     print(f"GET /debug/inflight JSON (HTTP thread): {listing_us:8.2f} us for {ROOMS} rooms")
     for m in (monitor, hook.monitor_for(empty)):
         m.close()
-    return 0 if steady - bare <= TARGET_US else 1
+    print()
+    decode_ok = decode_main()
+    return 0 if steady - bare <= TARGET_US and decode_ok else 1
 
 
 if __name__ == "__main__":

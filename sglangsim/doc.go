@@ -65,12 +65,43 @@
 // gauges (below).
 //
 // Simplifications: the forward pass takes no simulated time; a prefill
-// batch takes the whole waiting queue up to 64k tokens; only the
+// batch takes the waiting queue in order up to 64k tokens, as far as the
+// pools below allow; only the
 // attention-TP leader (tp_rank 0) is modelled; a transfer worker serves the
 // rooms it has picked up side by side (the serial queue shows only in the
 // wedge below); a decode endpoint has one port; what prefill does with
 // decode's ABORT frame beyond acknowledging it (Decode, below) is not
 // modelled, so a pin stays on prefill until a lever or a restart.
+//
+// # Pools (facts §3.1, §3.8)
+//
+// Each prefill scheduler process has finite pools, and a request holds its
+// share of them from the moment it takes it until a terminal poll releases
+// it (a force-fail, fail-fast, its own Success or Failed) or the server
+// restarts: the KV pool (Options.KVPoolTokens, default 786,432 tokens,
+// max_total_num_tokens of Llama-3.1-8B bf16 on one 80 GB GPU; a request
+// holds its prompt's tokens from its prefill batch on), the req_to_token
+// pool (Options.MaxRunningRequests, default 3,072: SGLang's size for that
+// pool and a 131,072-token context) and the metadata buffers (twice
+// MaxRunningRequests, taken when the request leaves the bootstrap queue). A
+// prefill batch takes waiting requests in order while they fit; the first
+// that does not fit waits, and the ones behind it with it (PrefillAdder
+// stops there), unless the rank holds nothing. With no metadata buffer free
+// a bootstrapped request stays in the bootstrap queue. So the rooms piling
+// up behind a wedged transfer worker, which hold their pages for ever,
+// fill the pool, and then no prefill batch is formed on that rank: healthy
+// traffic bound for healthy queues stalls in the waiting queue (no batch,
+// so the gauges are not written either) until the pile is released or the
+// server restarts. At the detection benchmark's rate (25,000 requests an
+// hour over DP8, prompts about 2k tokens) a wedge on a queue that takes a
+// third of a rank's traffic fills the default pool in about 17 minutes
+// (TestPoolFillsWithinAnHourAtBenchmarkRate); healthy traffic at the
+// demo's and the benchmark's rates holds under a tenth of it. The KV pool
+// shows in sglang:num_used_tokens, sglang:token_usage,
+// sglang:max_total_num_tokens and, era "newest", sglang:kv_used_tokens and
+// sglang:kv_available_tokens, written when the scheduler logs stats; Pool
+// reads all three pools at any time. The radix cache is not modelled: a
+// request's prompt holds its tokens whatever it shares with others.
 //
 // # Gauge refresh (facts §1.6, §7.1)
 //
@@ -171,7 +202,12 @@
 // plugin listeners and /metrics close every connection unanswered and the
 // schedulers make no passes. Then each process serves with a new pid, empty
 // queues, a loop counter, counters and histograms from 0, no wedge and no
-// orphaned transfer; arrivals resume. POST /admin/restart follows the
+// orphaned transfer. Requests that arrive while it boots (Submit, and the
+// built-in traffic, which keeps arriving) are refused: the HTTP server is
+// down and the router's connection is refused, so they are never admitted
+// and never reach decode; each gets a Record with Outcome
+// "refused_booting" (TrySubmit returns ErrRefusedBooting). The server's own
+// health checks resume when it serves. POST /admin/restart follows the
 // contract: 401 without a configured or a valid token, 403 unless
 // Options.AllowRestart, 400 for a bad body, 409 pid_mismatch, 200
 // would_restart for a dry run. A prefill process that dies ends its
@@ -274,7 +310,8 @@
 // request prefill failed on stock SGLang, against an early decode release.
 // Decode's gauges are written when a decode batch runs (a request is
 // decoding) or by the idle refresh (IdleRefresh); the counters at once.
-// Decode never runs out of pages (no admission back-pressure on prefill).
+// Decode never runs out of pages (no admission back-pressure on prefill;
+// prefill's own pools are above).
 // The parity scene's requests have no decode side.
 //
 // # Force-fail orders (docs/plugin-api.md, Project clarifications, Round 2)

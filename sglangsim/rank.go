@@ -47,7 +47,6 @@ const (
 	lognormalSigma   = 1.0   // healthy transfer time: p99.9 = exp(3.09) ~ 22x median
 	maxTransferRatio = 100   // cap of a healthy transfer time, in medians
 	kvMBPerToken     = 0.125 // Llama-3.1-8B bf16: 32 layers * 8 kv heads * 128 * 2 * 2 bytes
-	maxTotalTokens   = 786432
 	basePID          = 4242
 )
 
@@ -299,7 +298,9 @@ func (g *group) reset(s *Sim, now, up time.Time, gen int, quiet bool) {
 	}
 	g.nextArrival = time.Time{}
 	if g.arrivalRate > 0 {
-		g.nextArrival = up.Add(g.expInterval())
+		// Clients keep sending while the server boots: those arrivals are
+		// refused (arrive).
+		g.nextArrival = now.Add(g.expInterval())
 	}
 	g.hcEvery = 0
 	g.nextHC = time.Time{}
@@ -402,11 +403,9 @@ func transferQueue(key string, room uint64, decodePort int) int {
 func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *request {
 	q := &request{behavior: spec.Behavior, arrived: at, freezeAt: -1, nChunks: -1, queue: -1}
 	q.bootstrapDone = at.Add(max(spec.Bootstrap, 0))
-	kind := KindHealthy
-	switch spec.Behavior {
-	case BehaviorHealthCheck, BehaviorStuckHealthCheck:
+	kind := kindOf(spec.Behavior)
+	if kind == KindHealthCheck {
 		q.fake = true
-		kind = KindHealthCheck
 		q.rid = spec.RID
 		if q.rid == "" {
 			if spec.Warmup {
@@ -418,16 +417,6 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 		// SGLang sends health checks with no bootstrap port: the address is the bare host.
 		q.addr = FakeBootstrapHost
 		q.prompt = 1
-	case BehaviorSlow:
-		kind = KindSlow
-	case BehaviorTransferFail:
-		kind = KindFailing
-	case BehaviorPinResurrection:
-		kind = KindPinResurrection
-	case BehaviorPinAbortBeforeRegister:
-		kind = KindPinAbortBeforeRegister
-	case BehaviorPinStuckHandle:
-		kind = KindPinStuckHandle
 	}
 	if !q.fake {
 		q.rid = spec.RID
@@ -467,6 +456,47 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 	m.stage(stageDispatch, ms(0.05, 0.5))
 	m.stage(stageRequestProcess, ms(0.5, 3))
 	return q
+}
+
+// kindOf is the ground-truth class of a request submitted with behaviour b.
+func kindOf(b Behavior) Kind {
+	switch b {
+	case BehaviorHealthCheck, BehaviorStuckHealthCheck:
+		return KindHealthCheck
+	case BehaviorSlow:
+		return KindSlow
+	case BehaviorTransferFail:
+		return KindFailing
+	case BehaviorPinResurrection:
+		return KindPinResurrection
+	case BehaviorPinAbortBeforeRegister:
+		return KindPinAbortBeforeRegister
+	case BehaviorPinStuckHandle:
+		return KindPinStuckHandle
+	}
+	return KindHealthy
+}
+
+// refuse records a request that arrived at `at` while the server booted:
+// nobody listened, so it got no sender, no scheduler stage and no decode
+// side. Its rid and room are the client's (drawn when the spec has none).
+func (g *group) refuse(spec RequestSpec, at time.Time, rank int) (rid string, room uint64) {
+	kind := kindOf(spec.Behavior)
+	rid, room = spec.RID, spec.Room
+	if kind == KindHealthCheck {
+		room = 0
+		if rid == "" && !spec.Warmup {
+			rid = HealthCheckPrefix + "_" + pyRepr(unixSeconds(at))
+		}
+	} else if room == 0 {
+		room = g.randomRoom()
+	}
+	if rid == "" {
+		rid = g.randomRID()
+	}
+	g.records = append(g.records, record{rid: rid, room: room, rank: int32(rank), drank: -1,
+		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeRefusedBooting), left: at.UnixNano()})
+	return rid, room
 }
 
 func containsInt(xs []int, x int) bool {
@@ -549,7 +579,7 @@ func (r *rank) pass(s *Sim, now time.Time) (crashed bool) {
 	batched := false
 	if r.pp == 0 {
 		r.g.arrive(s, now)
-		r.g.popBootstrapped(now)
+		r.g.popBootstrapped(s, now)
 		batched = r.g.prefillBatch(s, now)
 	}
 	if !batched && len(r.inflight) == 0 && now.Sub(r.m.lastLog) > s.opts.IdleRefresh {
@@ -577,10 +607,17 @@ func (g *group) arrive(s *Sim, now time.Time) {
 				b = BehaviorSlow
 			}
 			boot := 2*time.Millisecond + time.Duration(g.rng.Float64()*float64(28*time.Millisecond))
-			q := g.newRequest(s, RequestSpec{Behavior: b, Bootstrap: boot}, at, g.stages[0].idx)
+			spec := RequestSpec{Behavior: b, Bootstrap: boot}
+			g.nextArrival = at.Add(g.expInterval())
+			if s.down(at) {
+				// The scheduler makes no pass while the server boots, so
+				// this pass sees the arrivals of the boot late, by their time.
+				g.refuse(spec, at, g.stages[0].idx)
+				continue
+			}
+			q := g.newRequest(s, spec, at, g.stages[0].idx)
 			g.bootstrapQ = append(g.bootstrapQ, q)
 			s.toDecode(g, q)
-			g.nextArrival = at.Add(g.expInterval())
 		}
 	}
 	if g.hcEvery > 0 {
@@ -594,11 +631,14 @@ func (g *group) arrive(s *Sim, now time.Time) {
 
 // popBootstrapped moves bootstrapped requests to the waiting queue
 // (PrefillBootstrapQueue.pop_bootstrapped).
-func (g *group) popBootstrapped(now time.Time) {
+func (g *group) popBootstrapped(s *Sim, now time.Time) {
 	m := &g.stages[0].m
+	// A bootstrapped request takes a metadata buffer slot, which it holds
+	// until it is released; with none free it stays in the bootstrap queue.
+	free := 2*s.opts.MaxRunningRequests - len(g.waitingQ) - g.holding()
 	kept := g.bootstrapQ[:0]
 	for _, q := range g.bootstrapQ {
-		if q.bootstrapDone.After(now) {
+		if q.bootstrapDone.After(now) || free <= 0 {
 			kept = append(kept, q)
 			continue
 		}
@@ -609,6 +649,7 @@ func (g *group) popBootstrapped(now time.Time) {
 		m.stage(stageBootstrap, now.Sub(q.arrived).Seconds())
 		m.stage(stagePrepare, 0.0002+0.0001*float64(q.prompt%7))
 		g.waitingQ = append(g.waitingQ, q)
+		free--
 	}
 	clear(g.bootstrapQ[len(kept):])
 	g.bootstrapQ = kept
@@ -621,10 +662,26 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 	if len(g.waitingQ) == 0 {
 		return false
 	}
+	// Every stage holds a request's KV pages and req_to_token slot from its
+	// batch until that stage releases it; the stage holding most bounds the
+	// batch. The waiting queue is served in order: a head that does not fit
+	// blocks the rest (PrefillAdder stops at the first request it cannot
+	// add), unless nothing is held at all.
+	usedTk, usedReqs := 0, g.holding()
+	for _, r := range g.stages {
+		usedTk = max(usedTk, r.inflightTk)
+	}
 	n, tokens := 0, 0
 	for n < len(g.waitingQ) && (n == 0 || tokens+g.waitingQ[n].prompt <= maxBatchTokens) {
-		tokens += g.waitingQ[n].prompt
+		p := g.waitingQ[n].prompt
+		if usedReqs+n >= s.opts.MaxRunningRequests || (usedTk+tokens+p > s.opts.KVPoolTokens && usedReqs+n > 0) {
+			break
+		}
+		tokens += p
 		n++
+	}
+	if n == 0 {
+		return false
 	}
 	batch := g.waitingQ[:n]
 	newest := s.opts.Era == EraNewest
@@ -672,6 +729,15 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 	return true
 }
 
+// holding is the number of requests the stage holding most still holds.
+func (g *group) holding() int {
+	n := 0
+	for _, r := range g.stages {
+		n = max(n, len(r.inflight))
+	}
+	return n
+}
+
 // admit appends q to this stage's inflight queue.
 func (r *rank) admit(q *request) {
 	r.inflight = append(r.inflight, q)
@@ -692,15 +758,16 @@ func (r *rank) logStats(s *Sim, now time.Time, running int) {
 	g[gBootstrapQ] = float64(len(r.g.bootstrapQ))
 	used := float64(r.inflightTk)
 	g[gUsedTokens] = used
-	g[gTokenUsage] = math.Round(used/maxTotalTokens*100) / 100
-	g[gMaxTotalTokens] = maxTotalTokens
+	pool := float64(s.opts.KVPoolTokens)
+	g[gTokenUsage] = math.Round(used/pool*100) / 100
+	g[gMaxTotalTokens] = pool
 	g[gUtilization] = -1 // calculate_utilization() on prefill servers (facts §1.3)
 	g[gStartup] = 41.7
 	g[gLoadWeights] = 12.3
 	g[gContextLen] = 131072
 	g[gPageSize] = 1
 	g[gKVUsed] = used
-	g[gKVAvailable] = maxTotalTokens - used
+	g[gKVAvailable] = pool - used
 	g[gFullTokenUsage] = g[gTokenUsage]
 	if c, p := m.realtimeCache, m.realtimeCompute; c+p > 0 {
 		g[gCacheHit] = math.Round(c/(c+p)*1000) / 1000

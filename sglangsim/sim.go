@@ -86,6 +86,15 @@ const (
 	// dead prefill: SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (5 s) times
 	// SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (2).
 	HeartbeatDetection = 10 * time.Second
+	// DefaultKVPoolTokens is the KV pool of one prefill scheduler process:
+	// max_total_num_tokens of Llama-3.1-8B bf16 on one 80 GB GPU at
+	// --mem-fraction-static 0.88 (sglang:max_total_num_tokens).
+	DefaultKVPoolTokens = 786432
+	// DefaultMaxRunningRequests is the req_to_token pool of one prefill
+	// scheduler process: SGLang sizes it from the KV pool and the context
+	// length (786432 / 131072 * 512 = 3072, within [2048, 4096]). The
+	// metadata buffer pool has twice as many slots.
+	DefaultMaxRunningRequests = 3072
 	// decodeSuccessLag is how long after prefill's Success decode frees
 	// the slot of a request it has finished (its one decode step).
 	decodeSuccessLag = 20 * time.Millisecond
@@ -125,6 +134,15 @@ type Options struct {
 	// BootTime is how long a restarted or crashed server refuses its plugin
 	// listeners and /metrics; 0 = DefaultBootTime, negative = none.
 	BootTime time.Duration
+	// KVPoolTokens is each prefill scheduler process's KV pool, in tokens
+	// (max_total_num_tokens); 0 = DefaultKVPoolTokens. A request holds its
+	// prompt's pages from its prefill batch until a terminal poll releases
+	// it; a batch is formed only from waiting requests that fit.
+	KVPoolTokens int
+	// MaxRunningRequests is each prefill scheduler process's req_to_token
+	// pool (max_running_requests); the metadata buffer pool has twice as
+	// many slots. 0 = DefaultMaxRunningRequests.
+	MaxRunningRequests int
 	// DecodeWaitingTimeout is decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT;
 	// default DefaultDecodeWaitingTimeout.
 	DecodeWaitingTimeout time.Duration
@@ -280,10 +298,18 @@ const (
 	// OutcomeRestarted: lost when the server restarted or crashed; the
 	// client got an error.
 	OutcomeRestarted = Outcome("restarted")
+	// OutcomeRefusedBooting: submitted while the server booted after a
+	// restart or crash: the connection was refused and the request was
+	// never admitted (Left is its arrival).
+	OutcomeRefusedBooting = Outcome("refused_booting")
 )
 
 var outcomes = [...]Outcome{OutcomeQueued, OutcomeInflight, OutcomeSuccess, OutcomeFailedForced,
-	OutcomeFailed, OutcomeRestarted}
+	OutcomeFailed, OutcomeRestarted, OutcomeRefusedBooting}
+
+// ErrRefusedBooting is TrySubmit's answer while the server boots: SGLang's
+// HTTP server is down and the router's connection is refused.
+var ErrRefusedBooting = errors.New("sglangsim: connection refused: the server is booting")
 
 // Record is the ground truth of one request.
 type Record struct {
@@ -454,6 +480,15 @@ func New(o Options) (*Sim, error) {
 	if o.DecodeWaitingTimeout <= 0 {
 		o.DecodeWaitingTimeout = DefaultDecodeWaitingTimeout
 	}
+	if o.KVPoolTokens < 0 || o.MaxRunningRequests < 0 {
+		return nil, errors.New("sglangsim: KVPoolTokens and MaxRunningRequests must not be negative")
+	}
+	if o.KVPoolTokens == 0 {
+		o.KVPoolTokens = DefaultKVPoolTokens
+	}
+	if o.MaxRunningRequests == 0 {
+		o.MaxRunningRequests = DefaultMaxRunningRequests
+	}
 	s := &Sim{opts: o, clock: o.Clock, model: o.ModelName}
 	now := s.clock.Now()
 	for dp := 0; dp < o.DPSize; dp++ {
@@ -607,7 +642,8 @@ func (s *Sim) PauseLoop(rank int, paused bool) {
 // for BootTime the plugin listeners and /metrics refuse connections. Then
 // the server serves again with new pids, empty queues, loop counters,
 // counters and histograms from 0, no wedged transfer worker and no
-// orphaned transfer, and a warm-up batch writes the gauges. Pending
+// orphaned transfer, and a warm-up batch writes the gauges. Requests that
+// arrive while it boots are refused (OutcomeRefusedBooting). Pending
 // force-fail orders are answered 503. Later requests may reuse a room id
 // with a new rid.
 func (s *Sim) Restart() { s.restartServer(s.clock.Now()) }
@@ -636,16 +672,55 @@ func (s *Sim) restartServer(now time.Time) {
 
 // Submit injects one request with a fixed behaviour into the bootstrap queue
 // of spec.Rank's DP rank (every PP stage of it gets the request) and returns
-// its rid and room. It panics if the rank does not exist.
+// its rid and room. While the server boots the request is refused (see
+// TrySubmit). It panics if the rank does not exist.
 func (s *Sim) Submit(spec RequestSpec) (rid string, room uint64) {
+	rid, room, _ = s.TrySubmit(spec)
+	return rid, room
+}
+
+// TrySubmit is Submit that says whether the request was admitted: while the
+// server boots after a restart or crash it is refused with
+// ErrRefusedBooting and recorded with Outcome "refused_booting"; it never
+// reaches the scheduler nor decode.
+func (s *Sim) TrySubmit(spec RequestSpec) (rid string, room uint64, err error) {
 	r := s.rank(spec.Rank)
 	now := s.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if s.down(now) {
+		rid, room = r.g.refuse(spec, now, r.idx)
+		return rid, room, ErrRefusedBooting
+	}
 	q := r.g.newRequest(s, spec, now, r.idx)
 	r.g.bootstrapQ = append(r.g.bootstrapQ, q)
 	s.toDecode(r.g, q)
-	return q.rid, q.room
+	return q.rid, q.room, nil
+}
+
+// PoolUsage is what one prefill scheduler process's pools hold.
+type PoolUsage struct {
+	// UsedTokens are the KV pool tokens held by its inflight queue, of
+	// TotalTokens (Options.KVPoolTokens).
+	UsedTokens, TotalTokens int
+	// Requests hold a req_to_token slot (the inflight queue), of
+	// MaxRequests (Options.MaxRunningRequests).
+	Requests, MaxRequests int
+	// MetadataSlots hold a metadata buffer (the waiting and inflight
+	// queues), of MaxMetadataSlots.
+	MetadataSlots, MaxMetadataSlots int
+}
+
+// Pool returns the pool usage of one rank at its last pass.
+func (s *Sim) Pool(rank int) PoolUsage {
+	r := s.rank(rank)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return PoolUsage{
+		UsedTokens: r.inflightTk, TotalTokens: s.opts.KVPoolTokens,
+		Requests: len(r.inflight), MaxRequests: s.opts.MaxRunningRequests,
+		MetadataSlots: len(r.g.waitingQ) + len(r.inflight), MaxMetadataSlots: 2 * s.opts.MaxRunningRequests,
+	}
 }
 
 // Inject submits a request pinned by one of the three mechanisms, on every

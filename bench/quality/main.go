@@ -29,7 +29,8 @@
 //
 // A restart restarts the whole simulated server: the requests inside are
 // lost, and for its boot time (30 s) the listings and /metrics fail and
-// arriving requests are refused (counted, not submitted).
+// arriving requests are refused by the simulator (counted apart from the
+// requests it admitted).
 //
 // For the defaults and stock runs, the raw-metrics alert group
 // alerts/sglang-raw.rules.yml is evaluated by a real Prometheus: /metrics
@@ -54,6 +55,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -451,17 +453,17 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 		for next < len(t.arrivals) && t.arrivals[next].at <= el {
 			a := t.arrivals[next]
 			next++
-			if sim.Booting() {
+			spec := sglangsim.RequestSpec{Rank: a.rank, Behavior: a.behavior}
+			if a.behavior == sglangsim.BehaviorHealthy || a.behavior == sglangsim.BehaviorSlow {
+				spec.Bootstrap = 2*time.Millisecond + time.Duration(rng.Float64()*float64(28*time.Millisecond))
+			}
+			rid, _, err := sim.TrySubmit(spec)
+			if err != nil {
 				// Nobody listens while the server boots: the request is
 				// refused (a router retries it elsewhere, if it can).
 				res.refused[behaviorKind(a.behavior)]++
 				continue
 			}
-			spec := sglangsim.RequestSpec{Rank: a.rank, Behavior: a.behavior}
-			if a.behavior == sglangsim.BehaviorHealthy || a.behavior == sglangsim.BehaviorSlow {
-				spec.Bootstrap = 2*time.Millisecond + time.Duration(rng.Float64()*float64(28*time.Millisecond))
-			}
-			rid, _ := sim.Submit(spec)
 			if isPinBehavior(a.behavior) {
 				res.pins.mu.Lock()
 				res.pins.pins[rid] = &pinTrack{queue: -1}
@@ -479,7 +481,11 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 			sample()
 		}
 	}
-	res.records = sim.Records()
+	// Refused arrivals are counted in res.refused; the analysis is of the
+	// requests the server admitted.
+	res.records = slices.DeleteFunc(sim.Records(), func(rec sglangsim.Record) bool {
+		return rec.Outcome == sglangsim.OutcomeRefusedBooting
+	})
 	res.corruption = sim.Corruptions()
 	if dw != nil {
 		for k, v := range dw.Snapshot().VerdictLookups {

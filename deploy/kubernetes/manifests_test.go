@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"net/netip"
 	"net/url"
 	"path"
 	"reflect"
@@ -308,18 +309,47 @@ func TestSidecarArgsOnlyLoopback(t *testing.T) {
 			if !strings.HasPrefix(a, "--") {
 				t.Errorf("%s: positional argument %q; use --flag=value", name, a)
 			}
-			if _, v, ok := strings.Cut(a, "="); ok && strings.Contains(v, "://") {
+			if _, v, ok := strings.Cut(a, "="); ok && strings.Contains(v, "://") && !strings.HasPrefix(a, "--"+verdictURLFlag+"=") {
 				if err := loopback.Check(v); err != nil {
 					t.Errorf("%s: %s: %v", name, a, err)
 				}
 			}
 		}
+		checkVerdictURL(t, name, args)
 		for _, f := range urlFlags {
 			for _, v := range flagValues(args, f) {
 				if err := loopback.Check(v); err != nil {
 					t.Errorf("%s: --%s: %v", name, f, err)
 				}
 			}
+		}
+	}
+}
+
+// verdictURLFlag is the one URL flag that leaves the pod: a decode sidecar
+// asks the prefill pods' watchdogs (docs/decode.md).
+const verdictURLFlag = "decode.prefill-watchdog-url"
+
+// checkVerdictURL: the prefill verdict URL is a template whose host is a
+// request's bootstrap host, and it comes with the prefill pods' networks,
+// none of them everything: only those addresses are ever asked.
+func checkVerdictURL(t *testing.T, name string, args []string) {
+	t.Helper()
+	urls := flagValues(args, verdictURLFlag)
+	if len(urls) == 0 {
+		return
+	}
+	u, err := url.Parse(strings.Replace(urls[0], "{host}", "host.invalid", 1))
+	if len(urls) != 1 || err != nil || u.Hostname() != "host.invalid" || (u.Scheme != "http" && u.Scheme != "https") {
+		t.Errorf("%s: --%s %q, want one http(s) URL with {host} as its host", name, verdictURLFlag, urls)
+	}
+	nets := flagValues(args, "decode.prefill-networks")
+	if len(nets) == 0 {
+		t.Errorf("%s: --%s without --decode.prefill-networks asks no one", name, verdictURLFlag)
+	}
+	for _, n := range nets {
+		if pfx, err := netip.ParsePrefix(n); err != nil || pfx.Bits() == 0 {
+			t.Errorf("%s: --decode.prefill-networks=%s: want a CIDR narrower than everything", name, n)
 		}
 	}
 }
@@ -350,32 +380,26 @@ func TestSidecarMatchesSGLang(t *testing.T) {
 				t.Errorf("%s: --sglang.metrics-url=%s, SGLang serves /metrics on port %s", name, mu, apiPort)
 			}
 
-			mode := oneFlag(t, name, c.Args, "force-fail.mode")
-			pluginURLs := flagValues(c.Args, "plugin.url")
-			switch path.Dir(name) {
-			case "prefill":
-				if mode != "dry-run" {
-					t.Errorf("%s: the example starts in --force-fail.mode=dry-run, have %s", name, mode)
-				}
-				checkPluginURLs(t, name, s, pluginURLs)
-			case "decode":
-				if mode != "off" {
-					t.Errorf("%s: decode watches gauges only: --force-fail.mode=off, have %s", name, mode)
-				}
-				if len(pluginURLs) != 0 || hasFlag(c.Args, "plugin.token-file") {
-					t.Errorf("%s: decode has no plugin: no --plugin.url / --plugin.token-file", name)
-				}
-				if v, ok := envValue(s, "SGLANG_PLUGINS"); ok {
-					t.Errorf("%s: decode SGLang loads plugins %q; the watchdog plugin serves prefill only", name, v)
-				}
-			default:
+			// Both roles load the plugin, one --plugin.url per rank, and
+			// start in dry-run; restart escalation stays off.
+			if mode := oneFlag(t, name, c.Args, "force-fail.mode"); mode != "dry-run" {
+				t.Errorf("%s: the example starts in --force-fail.mode=dry-run, have %s", name, mode)
+			}
+			checkPluginURLs(t, name, s, flagValues(c.Args, "plugin.url"))
+			if v := flagValues(c.Args, "restart.mode"); len(v) != 0 && v[0] != "off" {
+				t.Errorf("%s: --restart.mode=%s; restarts are opt-in and the manifests keep them off", name, v[0])
+			}
+			if _, ok := envValue(s, "SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART"); ok {
+				t.Errorf("%s: SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART is set; restarts are opt-in and the manifests keep them off", name)
+			}
+			if dir := path.Dir(name); dir != "prefill" && dir != "decode" {
 				t.Errorf("%s: unexpected directory", name)
 			}
 		}
 	}
 }
 
-// checkPluginURLs checks one --plugin.url per prefill rank, on 30100 + index
+// checkPluginURLs checks one --plugin.url per rank, on 30100 + index
 // (docs/plugin-api.md, "Port mapping").
 func checkPluginURLs(t *testing.T, name string, s corev1.Container, urls []string) {
 	t.Helper()
@@ -419,10 +443,7 @@ func TestTokenSecretMountedInBothContainers(t *testing.T) {
 		for _, dep := range deps {
 			c := sidecar(t, name, dep)
 			tokenFile := flagValues(c.Args, "plugin.token-file")
-			if len(tokenFile) == 0 {
-				continue // decode: no plugin
-			}
-			if tokenFile[0] != TokenPath {
+			if len(tokenFile) != 1 || tokenFile[0] != TokenPath {
 				t.Errorf("%s: --plugin.token-file=%s, want %s", name, tokenFile[0], TokenPath)
 			}
 			s := sglangContainer(t, name, dep)
@@ -454,14 +475,15 @@ func TestTokenSecretMountedInBothContainers(t *testing.T) {
 			if key == "" {
 				t.Errorf("%s: Secret volume %s does not project a file %q", name, vol.Name, fileName)
 			}
+			// One token for both roles: the Secret is prefill/secret.yaml.
 			var secret *corev1.Secret
-			for i, s := range o.secrets[path.Dir(name)] {
+			for i, s := range o.secrets["prefill"] {
 				if s.Name == vol.Secret.SecretName {
-					secret = &o.secrets[path.Dir(name)][i]
+					secret = &o.secrets["prefill"][i]
 				}
 			}
 			if secret == nil {
-				t.Fatalf("%s: Secret %q is not in %s/", name, vol.Secret.SecretName, path.Dir(name))
+				t.Fatalf("%s: Secret %q is not in prefill/", name, vol.Secret.SecretName)
 			}
 			if secret.StringData[key] == "" && len(secret.Data[key]) == 0 {
 				t.Errorf("%s: Secret %s has no value for key %q", name, secret.Name, key)

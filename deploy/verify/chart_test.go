@@ -42,7 +42,7 @@ var chartCases = []chartCase{
 		name: "default",
 		roles: map[string]sidecarWant{
 			"sglang-prefill": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
-			"sglang-decode":  {mode: "off", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+			"sglang-decode":  {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
 		},
 		podMonitors: map[string]string{"prefill": "", "decode": ""},
 		secret:      "w-sglang-watchdog-plugin-token",
@@ -52,8 +52,10 @@ var chartCases = []chartCase{
 	{
 		name: "full",
 		roles: map[string]sidecarWant{
-			"big-prefill":   {mode: "auto", pluginBase: 31000, ranks: 4, secretName: "my-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
-			"sglang-decode": {mode: "off"},
+			"big-prefill": {mode: "auto", pluginBase: 31000, ranks: 4, secretName: "my-plugin-token", restart: "auto",
+				image: "ghcr.io/sglang-watchdog/sglang-watchdog@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
+			"sglang-decode": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "my-plugin-token",
+				verdictURL: "https://{host}:9433", httpConfigSecret: "prefill-watchdog-client"},
 		},
 		podMonitors:   map[string]string{"prefill": "team", "decode": "team"},
 		rules:         []string{"sglang-raw", "watchdog"},
@@ -62,8 +64,9 @@ var chartCases = []chartCase{
 	},
 	{
 		name:        "decode-only",
-		roles:       map[string]sidecarWant{"sglang-decode": {mode: "off"}},
+		roles:       map[string]sidecarWant{"sglang-decode": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token"}},
 		podMonitors: map[string]string{"decode": ""},
+		secret:      "w-sglang-watchdog-plugin-token",
 	},
 }
 
@@ -202,12 +205,21 @@ func TestChartRenders(t *testing.T) {
 				t.Errorf("%d NetworkPolicies, want networkPolicy=%v", len(o.networkPolicies), c.networkPolicy)
 			}
 			for _, np := range o.networkPolicies {
-				var metrics, probes, api, extra bool
+				var metrics, probes, api, extra, verdicts bool
 				for _, r := range np.Spec.Ingress {
 					for _, p := range r.Ports {
 						switch p.Port.String() {
 						case "9433":
-							metrics = len(r.From) > 0
+							if len(r.From) == 0 {
+								t.Errorf("NetworkPolicy %s opens the sidecar's port to everyone", np.Name)
+							}
+							for _, f := range r.From {
+								if f.NamespaceSelector == nil && f.PodSelector != nil && f.PodSelector.MatchLabels["app.kubernetes.io/component"] == "decode" {
+									verdicts = true
+								} else {
+									metrics = true
+								}
+							}
 						case "9434":
 							probes = len(r.From) == 1 && r.From[0].IPBlock != nil
 						case "30000":
@@ -219,6 +231,11 @@ func TestChartRenders(t *testing.T) {
 				}
 				if !metrics || !probes || !api || !extra {
 					t.Errorf("NetworkPolicy %s: metrics from Prometheus only %v, probes from the nodes only %v, SGLang API open %v, extraIngress %v", np.Name, metrics, probes, api, extra)
+				}
+				// The decode pods reach the prefill pods' watchdog for
+				// verdicts, and nothing else gains that port.
+				if want := strings.HasSuffix(np.Name, "-prefill"); verdicts != want {
+					t.Errorf("NetworkPolicy %s: decode pods admitted to the sidecar port %v, want %v", np.Name, verdicts, want)
 				}
 			}
 		})
@@ -338,9 +355,22 @@ func TestChartRejectsBadValues(t *testing.T) {
 		"positional":  {"sidecar:\n  extraArgs: [--watchdog.deadline, 90s]\n", `/sidecar/extraArgs/0`},
 		"no selector": {"roles:\n  decode:\n    podSelector: null\n", `missing property 'podSelector'`},
 		"auto without plugin": {
-			"roles:\n  decode:\n    forceFailMode: auto\n", "forceFailMode auto needs the plugin",
+			"roles:\n  decode:\n    forceFailMode: auto\n    plugin:\n      ranks: 0\n", "forceFailMode auto needs the plugin",
 		},
 		"one port for both": {"sidecar:\n  probePort: 9433\n", "sidecar.probePort and sidecar.port are both 9433"},
+		"no mode":           {"roles:\n  decode:\n    mode: null\n", `missing property 'mode'`},
+		"verdicts without networks": {
+			"roles:\n  decode:\n    prefillWatchdog:\n      enabled: true\n", "prefillWatchdog.networks is empty",
+		},
+		"verdicts from everywhere": {
+			"roles:\n  decode:\n    prefillWatchdog:\n      enabled: true\n      networks: [0.0.0.0/0]\n", "networks has 0.0.0.0/0",
+		},
+		"verdicts from no prefill": {
+			"roles:\n  prefill:\n    enabled: false\n  decode:\n    prefillWatchdog:\n      enabled: true\n      networks: [10.0.0.0/8]\n", `prefillWatchdog.role "prefill" is not an enabled prefill role`,
+		},
+		"verdicts on prefill": {
+			"roles:\n  prefill:\n    prefillWatchdog:\n      enabled: true\n      networks: [10.0.0.0/8]\n", "prefillWatchdog is for decode roles",
+		},
 		"unknown rule file": {"prometheusRule:\n  ruleFiles:\n    watchdgo: true\n", "the chart has no files/rules/watchdgo.rules.yml"},
 	} {
 		f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")

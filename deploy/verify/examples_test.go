@@ -112,10 +112,10 @@ func intFlag(t *testing.T, name string, args []string, flag string, def int) int
 }
 
 // TestExamplesRunTheWatchdogWhereSGLangServes checks every pod template:
-// the pod that runs SGLang's HTTP server (--port) carries the sidecar; a
-// prefill one reads one plugin listener per rank with the token; a decode
-// one watches gauges only; pods without the server (LWS workers, the router)
-// carry none. The pods carry the labels the chart's PodMonitors select.
+// the pod that runs SGLang's HTTP server (--port) carries the sidecar,
+// which reads one plugin listener per rank with the token, prefill and
+// decode alike; pods without the server (LWS workers, the router) carry
+// none. The pods carry the labels the chart's PodMonitors select.
 func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 	var prefill, decode int
 	for _, p := range loadExamples(t) {
@@ -140,25 +140,22 @@ func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 		if !containsArg(s.Args, "--enable-metrics") {
 			t.Errorf("%s: SGLang needs --enable-metrics", p.name)
 		}
-		want := sidecarWant{mode: "off"}
+		// Both roles: ranks on this pod are the attention-TP leaders of
+		// dp_size * pp_size (the examples keep every leader on the pod with
+		// the server), watched in dry-run; restarts stay off.
+		want := sidecarWant{
+			mode:       "dry-run",
+			pluginBase: 30100,
+			ranks:      intFlag(t, p.name, s.Args, "dp-size", 1) * intFlag(t, p.name, s.Args, "pp-size", 1),
+			secretName: "sglang-watchdog-plugin-token",
+		}
+		if !hasEnv(s, "SGLANG_PLUGINS", "sglang_watchdog") {
+			t.Errorf("%s: %s SGLang must load the plugin", p.name, mode[0])
+		}
 		if mode[0] == "prefill" {
 			prefill++
-			// Ranks on this pod: the attention-TP leaders of dp_size * pp_size
-			// (the examples keep every leader on the pod with the server).
-			want = sidecarWant{
-				mode:       "dry-run",
-				pluginBase: 30100,
-				ranks:      intFlag(t, p.name, s.Args, "dp-size", 1) * intFlag(t, p.name, s.Args, "pp-size", 1),
-				secretName: "sglang-watchdog-plugin-token",
-			}
-			if !hasEnv(s, "SGLANG_PLUGINS", "sglang_watchdog") {
-				t.Errorf("%s: prefill SGLang must load the plugin", p.name)
-			}
 		} else {
 			decode++
-			if hasEnv(s, "SGLANG_PLUGINS", "sglang_watchdog") {
-				t.Errorf("%s: decode loads the plugin, which serves prefill only", p.name)
-			}
 		}
 		checkSidecar(t, p.name, spec, want)
 		if u := flagValues(findArgs(t, p.name, spec), "sglang.metrics-url"); len(u) != 1 || !strings.HasSuffix(u[0], ":"+flagValues(s.Args, "port")[0]+"/metrics") {

@@ -259,3 +259,37 @@ patches:
 		mode: "dry-run", pluginBase: 30100, ranks: 4, secretName: o.secrets[0].Name,
 	})
 }
+
+// TestKustomizeComponentAsksPrefill runs the overlay of docs/deployment.md
+// ("Kustomize") that gives the decode sidecar the prefill verdict lookups.
+func TestKustomizeComponentAsksPrefill(t *testing.T) {
+	decode := plainSGLang(manifestDeployment(t, "decode"))
+	out := buildWithComponent(t, `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [decode.yaml]
+components: [../component]
+secretGenerator:
+  - name: sglang-watchdog-plugin-token
+    files: [token]
+patches:
+  - target: {kind: Deployment, labelSelector: app.kubernetes.io/component=decode}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/initContainers/0/args/-
+        value: --decode.prefill-watchdog-url=http://{host}:9433
+      - op: add
+        path: /spec/template/spec/initContainers/0/args/-
+        value: --decode.prefill-networks=10.244.0.0/16   # the prefill pods' CIDR
+`, map[string]any{"decode.yaml": decode})
+	docs, err := splitDocs("kustomize build", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decodeAll(t, docs)
+	if len(o.deployments) != 1 || len(o.secrets) != 1 {
+		t.Fatalf("want one Deployment and one Secret, have %d and %d", len(o.deployments), len(o.secrets))
+	}
+	checkSidecar(t, "decode with verdicts", o.deployments[0].Spec.Template.Spec, sidecarWant{
+		mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: o.secrets[0].Name, verdictURL: "http://{host}:9433",
+	})
+}

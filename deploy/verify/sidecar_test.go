@@ -2,6 +2,8 @@ package verify
 
 import (
 	"fmt"
+	"net/netip"
+	"path"
 	"reflect"
 	"strconv"
 	"strings"
@@ -20,6 +22,14 @@ type sidecarWant struct {
 	ranks      int    // --plugin.url count
 	secretName string // token Secret, when ranks > 0
 	image      string
+	// restart is --restart.mode; "" wants none (and no
+	// SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART in SGLang).
+	restart string
+	// verdictURL is --decode.prefill-watchdog-url; "" wants none.
+	verdictURL string
+	// httpConfigSecret is the Secret of the verdict lookups' HTTP client
+	// settings, mounted into the sidecar; "" wants none.
+	httpConfigSecret string
 }
 
 // findSidecar returns the watchdog container of a pod spec, or false.
@@ -105,12 +115,14 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 		if !strings.HasPrefix(a, "--") || !strings.Contains(a, "=") {
 			t.Errorf("%s: argument %q: use --flag=value", name, a)
 		}
-		if _, v, _ := strings.Cut(a, "="); strings.Contains(v, "://") {
+		// The verdict URL is the one that leaves the pod: checked below.
+		if _, v, _ := strings.Cut(a, "="); strings.Contains(v, "://") && !strings.HasPrefix(a, "--decode.prefill-watchdog-url=") {
 			if err := loopback.Check(v); err != nil {
 				t.Errorf("%s: %s: %v", name, a, err)
 			}
 		}
 	}
+	checkDecodeArgs(t, name, spec, c, want)
 	if got := flagValues(c.Args, "force-fail.mode"); !reflect.DeepEqual(got, []string{want.mode}) {
 		t.Errorf("%s: --force-fail.mode %q, want %q", name, got, want.mode)
 	}
@@ -184,4 +196,74 @@ func hasEnv(c corev1.Container, name, value string) bool {
 		}
 	}
 	return false
+}
+
+// checkDecodeArgs checks the opt-in parts of a sidecar: restart escalation
+// on both sides, and a decode sidecar's prefill verdict lookups, which ask
+// only inside the prefill networks and carry their client settings.
+func checkDecodeArgs(t *testing.T, name string, spec corev1.PodSpec, c corev1.Container, want sidecarWant) {
+	t.Helper()
+	var restart []string
+	if want.restart != "" {
+		restart = []string{want.restart}
+	}
+	if got := flagValues(c.Args, "restart.mode"); !reflect.DeepEqual(got, restart) {
+		t.Errorf("%s: --restart.mode %q, want %q", name, got, restart)
+	}
+	allowed := false
+	for _, ctr := range spec.Containers {
+		for _, e := range ctr.Env {
+			if e.Name == "SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART" {
+				allowed = e.Value == "1"
+			}
+		}
+	}
+	if allowed != (want.restart != "") {
+		t.Errorf("%s: SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1 is %v, --restart.mode %q: both sides opt in together", name, allowed, want.restart)
+	}
+	var verdict []string
+	if want.verdictURL != "" {
+		verdict = []string{want.verdictURL}
+	}
+	if got := flagValues(c.Args, "decode.prefill-watchdog-url"); !reflect.DeepEqual(got, verdict) {
+		t.Errorf("%s: --decode.prefill-watchdog-url %q, want %q", name, got, verdict)
+	}
+	nets := flagValues(c.Args, "decode.prefill-networks")
+	if (len(nets) > 0) != (want.verdictURL != "") {
+		t.Errorf("%s: --decode.prefill-networks %q with verdict URL %q", name, nets, want.verdictURL)
+	}
+	for _, n := range nets {
+		if pfx, err := netip.ParsePrefix(n); err != nil || pfx.Bits() == 0 {
+			t.Errorf("%s: --decode.prefill-networks=%s: want a CIDR narrower than everything", name, n)
+		}
+	}
+	file := flagValues(c.Args, "decode.prefill-watchdog-http-config-file")
+	if want.httpConfigSecret == "" {
+		if len(file) != 0 {
+			t.Errorf("%s: --decode.prefill-watchdog-http-config-file %q, want none", name, file)
+		}
+		return
+	}
+	if len(file) != 1 {
+		t.Fatalf("%s: want one --decode.prefill-watchdog-http-config-file, have %q", name, file)
+	}
+	var volume string
+	for _, v := range spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == want.httpConfigSecret {
+			for _, it := range v.Secret.Items {
+				if it.Path == path.Base(file[0]) {
+					volume = v.Name
+				}
+			}
+		}
+	}
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume && m.ReadOnly && path.Join(m.MountPath, path.Base(file[0])) == file[0] {
+			mounted = true
+		}
+	}
+	if volume == "" || !mounted {
+		t.Errorf("%s: %s is not the Secret %s mounted read-only in the sidecar", name, file[0], want.httpConfigSecret)
+	}
 }

@@ -1,7 +1,8 @@
-"""sglang-watchdog's plugin for SGLang prefill schedulers.
+"""sglang-watchdog's plugin for SGLang prefill and decode schedulers.
 
-It hooks ``process_disagg_prefill_inflight_queue``, serves the inflight queue
-as ``GET /debug/inflight`` and accepts ``POST /admin/force_fail`` orders that
+It hooks ``process_disagg_prefill_inflight_queue`` (prefill) and
+``process_decode_queue`` (decode), serves the requests waiting there as
+``GET /debug/inflight`` and accepts ``POST /admin/force_fail`` orders that
 it applies on the scheduler thread (see docs/plugin.md).
 
 This module stays import-free: the .pth loader imports the package in every
@@ -23,6 +24,7 @@ def register():
         )
         return
 
-    from .hook import TARGET, around_inflight_pass
+    from .hook import DECODE_TARGET, TARGET, around_decode_pass, around_inflight_pass
 
     HookRegistry.register(TARGET, around_inflight_pass, HookType.AROUND)
+    HookRegistry.register(DECODE_TARGET, around_decode_pass, HookType.AROUND)

@@ -3,8 +3,8 @@
 sglang_watchdog_plugin.pth imports this module at every interpreter start,
 including SGLang's spawned scheduler processes. All it does there is put a
 finder on sys.meta_path that ignores every module except
-``sglang.srt.disaggregation.prefill``; once that module has executed, the
-hook is installed on its mixin. Processes that never import SGLang are left
+``sglang.srt.disaggregation.prefill`` and ``sglang.srt.disaggregation.decode``;
+once one of them has executed, the hook is installed on its mixin. Processes that never import SGLang are left
 alone, and no failure here may break interpreter start or SGLang.
 
 Where SGLang's plugin framework exists and this package's entry point is
@@ -14,12 +14,16 @@ so the method is never wrapped twice.
 
 import sys
 
-_PREFILL_MODULE = "sglang.srt.disaggregation.prefill"
+# Module -> (mixin class, hooked method).
+_TARGETS = {
+    "sglang.srt.disaggregation.prefill": ("SchedulerDisaggregationPrefillMixin", "process_disagg_prefill_inflight_queue"),
+    "sglang.srt.disaggregation.decode": ("SchedulerDisaggregationDecodeMixin", "process_decode_queue"),
+}
 
 
-class _PrefillFinder:
+class _DisaggregationFinder:
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != _PREFILL_MODULE:
+        if fullname not in _TARGETS:
             return None
         try:
             spec = self._find_elsewhere(fullname, path, target)
@@ -59,12 +63,13 @@ class _HookingLoader:
             if not _plugin_framework_loads_us():
                 from .hook import install
 
-                install(module.SchedulerDisaggregationPrefillMixin)
+                mixin, method = _TARGETS[module.__name__]
+                install(getattr(module, mixin), method)
         except Exception:
             import logging
 
             logging.getLogger("sglang_watchdog_plugin").exception(
-                "could not hook %s; SGLang runs without the watchdog plugin", _PREFILL_MODULE
+                "could not hook %s; SGLang runs without the watchdog plugin", module.__name__
             )
 
 
@@ -77,5 +82,5 @@ def _plugin_framework_loads_us():
     return any(ep.name == "sglang_watchdog" for ep in entry_points(group="sglang.srt.plugins"))
 
 
-if not any(isinstance(finder, _PrefillFinder) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _PrefillFinder())
+if not any(isinstance(finder, _DisaggregationFinder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _DisaggregationFinder())

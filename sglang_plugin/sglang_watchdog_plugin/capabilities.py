@@ -43,18 +43,18 @@ class QueueKey(NamedTuple):
     rule: str | None  # "dst_port_sum", "session_port_sum", "room" or None (unknown)
 
 
-def failed_branch_problem(pass_fn):
-    """Why the inflight pass's Failed branch cannot be trusted, or "" if it releases the request."""
+def failed_branch_problem(pass_fn, name="process_disagg_prefill_inflight_queue", what="inflight pass"):
+    """Why a pass's Failed branch cannot be trusted, or "" if it releases the request."""
     tree = _function_tree(pass_fn)
     if tree is None:
-        return ("the source of process_disagg_prefill_inflight_queue cannot be read, so whether its "
+        return (f"the source of {name} cannot be read, so whether its "
                 "Failed branch releases the request or raises is unknown")
     branches = [node for node in ast.walk(tree) if isinstance(node, ast.If) and _mentions(node.test, "Failed")]
     if not branches:
-        return "process_disagg_prefill_inflight_queue has no KVPoll.Failed branch that the plugin can find"
+        return f"{name} has no KVPoll.Failed branch that the plugin can find"
     for branch in branches:
         if any(isinstance(node, ast.Raise) for stmt in branch.body for node in ast.walk(stmt)):
-            return ("this SGLang's inflight pass raises in its KVPoll.Failed branch, which would crash the "
+            return (f"this SGLang's {what} raises in its KVPoll.Failed branch, which would crash the "
                     "scheduler: no lever is pulled")
     return ""
 

@@ -1,10 +1,14 @@
-"""The AROUND hook on SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue.
+"""The AROUND hooks on the prefill inflight pass and the decode queue pass.
 
-It works with both signatures: ``(self)`` (older releases, called only while
-the queue is non-empty) and ``(self, rids_to_check=None) -> List[Req]``
-(newest); arguments and the return value pass through untouched. Nothing it
-does may raise into the scheduler: the Monitor catches its own failures, and
-a scheduler the plugin cannot set up runs unhooked.
+Prefill: ``SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue``,
+with both signatures: ``(self)`` (older releases, called only while the
+queue is non-empty) and ``(self, rids_to_check=None) -> List[Req]`` (newest).
+Decode: ``SchedulerDisaggregationDecodeMixin.process_decode_queue(self)``,
+which the decode event loops call once per unpaused pass and which polls
+both the prealloc and the transfer queue. Arguments and return values pass
+through untouched. Nothing the hooks do may raise into the scheduler: the
+monitors catch their own failures, and a scheduler the plugin cannot set up
+runs unhooked.
 """
 
 import functools
@@ -13,6 +17,7 @@ import threading
 import weakref
 
 from .config import Config
+from .decode_monitor import DecodeMonitor
 from .identity import identify
 from .monitor import Monitor
 from .server import start_listener
@@ -21,16 +26,30 @@ logger = logging.getLogger("sglang_watchdog_plugin")
 
 METHOD = "process_disagg_prefill_inflight_queue"
 TARGET = f"sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.{METHOD}"
+DECODE_METHOD = "process_decode_queue"
+DECODE_TARGET = f"sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.{DECODE_METHOD}"
 
-# Scheduler -> Monitor, or None for schedulers that run unhooked (not prefill,
-# not the attention-TP leader, disabled, or the listener could not start).
-_monitors = weakref.WeakKeyDictionary()
+# Per hooked method, scheduler -> its monitor, or None for schedulers that
+# run unhooked there (another mode, not the attention-TP leader, disabled,
+# or the listener could not start). Kept apart so that a scheduler of one
+# mode that also calls the other mode's method (some forks run the decode
+# queue pass outside decode mode) is still hooked in its own.
+_monitors = {"prefill": weakref.WeakKeyDictionary(), "decode": weakref.WeakKeyDictionary()}
 _monitors_lock = threading.Lock()
 
 
 def around_inflight_pass(original_fn, scheduler, *args, **kwargs):
     """AROUND hook in the shape of SGLang's HookRegistry: fn(original_fn, *args, **kwargs)."""
-    monitor = _monitor_for_pass(scheduler, original_fn)
+    return _around("prefill", original_fn, scheduler, args, kwargs)
+
+
+def around_decode_pass(original_fn, scheduler, *args, **kwargs):
+    """AROUND hook on process_decode_queue, in the same shape."""
+    return _around("decode", original_fn, scheduler, args, kwargs)
+
+
+def _around(mode, original_fn, scheduler, args, kwargs):
+    monitor = _monitor_for_pass(scheduler, original_fn, mode)
     if monitor is None:
         return original_fn(scheduler, *args, **kwargs)
     monitor.before_pass(scheduler)
@@ -39,53 +58,61 @@ def around_inflight_pass(original_fn, scheduler, *args, **kwargs):
     return result
 
 
-def install(mixin_class):
+_HOOKS = {METHOD: around_inflight_pass, DECODE_METHOD: around_decode_pass}
+
+
+def install(mixin_class, method=METHOD):
     """Patches the method directly, for SGLang releases without the plugin framework.
 
     Returns False when the class already carries this hook.
     """
-    original = getattr(mixin_class, METHOD)
+    original = getattr(mixin_class, method)
     if getattr(original, "__sglang_watchdog_hook__", False):
         return False
+    around = _HOOKS[method]
 
     @functools.wraps(original)
-    def process_disagg_prefill_inflight_queue(self, *args, **kwargs):
-        return around_inflight_pass(original, self, *args, **kwargs)
+    def hooked(self, *args, **kwargs):
+        return around(original, self, *args, **kwargs)
 
-    process_disagg_prefill_inflight_queue.__sglang_watchdog_hook__ = True
-    setattr(mixin_class, METHOD, process_disagg_prefill_inflight_queue)
+    hooked.__sglang_watchdog_hook__ = True
+    setattr(mixin_class, method, hooked)
     return True
 
 
 def monitor_for(scheduler):
-    """The scheduler's Monitor once its first hooked pass has run, else None."""
-    return _monitors.get(scheduler)
+    """The scheduler's monitor once its first hooked pass has run, else None."""
+    return _monitors["prefill"].get(scheduler) or _monitors["decode"].get(scheduler)
 
 
-def _monitor_for_pass(scheduler, original_fn):
+def _monitor_for_pass(scheduler, original_fn, mode):
+    monitors = _monitors[mode]
     try:
-        return _monitors[scheduler]
+        return monitors[scheduler]
     except KeyError:
         pass
     except TypeError:  # not weak-referenceable: nothing to attach state to
         return None
     with _monitors_lock:
-        if scheduler not in _monitors:
-            _monitors[scheduler] = _start(scheduler, original_fn)
-        return _monitors[scheduler]
+        if scheduler not in monitors:
+            monitors[scheduler] = _start(scheduler, original_fn, mode)
+        return monitors[scheduler]
 
 
-def _start(scheduler, original_fn):
+def _start(scheduler, original_fn, mode):
     try:
+        identity = identify(scheduler)
+        if identity.mode != mode:
+            logger.debug("sglang-watchdog plugin idle on this scheduler: %s", identity)
+            return None
         config = Config.from_env()
         if config.disabled:
             logger.info("sglang-watchdog plugin disabled by SGLANG_WATCHDOG_PLUGIN_DISABLE")
             return None
-        identity = identify(scheduler)
         if not identity.serves_listener:
             logger.debug("sglang-watchdog plugin idle on this scheduler: %s", identity)
             return None
-        monitor = Monitor(identity)
+        monitor = (DecodeMonitor if mode == "decode" else Monitor)(identity)
         monitor.configure(scheduler, original_fn)
         monitor.listener = start_listener(monitor, config)
         return monitor if monitor.listener is not None else None

@@ -22,10 +22,10 @@ class Identity:
 
     @property
     def serves_listener(self):
-        # SGLang MIN-reduces polls over the attention TP (then CP) group, so the
-        # group leader sees every request of its (dp, pp) rank and its flip
-        # fails the request on the whole group.
-        return self.mode == "prefill" and self.attn_tp_rank == 0 and self.attn_cp_rank == 0
+        # SGLang MIN-reduces polls over the attention TP (then CP) group, on
+        # prefill and on decode, so the group leader sees every request of its
+        # (dp, pp) rank and its lever fails the request on the whole group.
+        return self.mode in ("prefill", "decode") and self.attn_tp_rank == 0 and self.attn_cp_rank == 0
 
 
 def identify(scheduler):
@@ -66,12 +66,25 @@ def _backend_name(scheduler):
     configured = getattr(getattr(scheduler, "server_args", None), "disaggregation_transfer_backend", None)
     if configured:
         return str(getattr(configured, "value", configured)).lower()
-    # Fall back to the class of a live sender; fake senders only serve health checks.
+    # Fall back to the class of a live sender or receiver; fake ones only
+    # serve health checks.
     for req in getattr(scheduler, "disagg_prefill_inflight_queue", ()):
-        name = type(getattr(req, "disagg_kv_sender", None)).__name__
-        if name.endswith("KVSender") and not name.startswith("Fake"):
-            return name[: -len("KVSender")].lower()
+        name = _backend_of(getattr(req, "disagg_kv_sender", None), "KVSender")
+        if name:
+            return name
+    for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+        for decode_req in getattr(getattr(scheduler, queue, None), "queue", None) or ():
+            name = _backend_of(getattr(decode_req, "kv_receiver", None), "KVReceiver")
+            if name:
+                return name
     return "unknown"
+
+
+def _backend_of(endpoint, suffix):
+    name = type(endpoint).__name__
+    if name.endswith(suffix) and not name.startswith("Fake"):
+        return name[: -len(suffix)].lower()
+    return None
 
 
 def sglang_version():

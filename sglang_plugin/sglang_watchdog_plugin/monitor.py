@@ -91,6 +91,9 @@ _EMPTY = Snapshot(members=(), rooms={}, inflight=0, bootstrap=0, waiting=0, orph
 
 
 class Monitor:
+    mode = "prefill"
+    where = "inflight"  # how not_found and room_mismatch answers name the queue
+
     def __init__(self, identity):
         self.identity = identity
         # Levers of the backend's sender class; None until a sender of it is seen.
@@ -362,19 +365,19 @@ class Monitor:
             ],
         }
 
-    def force_fail(self, rid, bootstrap_room, reason, dry_run):
+    def force_fail(self, rid, bootstrap_room, reason, dry_run, prefill_stopped=False):
         """Answers fast from the latest snapshot where it can, else waits for the scheduler thread."""
-        known = next((facts for _, facts, *_ in _listed(self.snapshot) if facts.rid == rid), None)
+        known = self._known_facts(rid)
         if known is None:
-            return not_found(rid)
+            return not_found(rid, self.where)
         if bootstrap_room is not None and bootstrap_room != known.bootstrap_room:
-            return room_mismatch(rid, known.bootstrap_room)
+            return room_mismatch(rid, known.bootstrap_room, self.where)
         if known.health_check:
             return health_check(rid, known.bootstrap_room)
         caps = self.capabilities
         if caps is not None and not caps.levers:
             return unsupported(rid, caps.note)
-        order = ForceFailOrder(rid, bootstrap_room, reason, dry_run)
+        order = ForceFailOrder(rid, bootstrap_room, reason, dry_run, prefill_stopped)
         with self._enqueue_lock:
             pending = len(self._orders)
             if pending >= self.max_pending_orders:
@@ -391,6 +394,10 @@ class Monitor:
         except (ValueError, IndexError):
             pass  # the scheduler thread popped it first (and skips it: it is withdrawn)
         return unresponsive(rid, timeout)
+
+    def _known_facts(self, rid):
+        """The facts of the latest observation of this rid (rid, bootstrap_room, health_check), or None."""
+        return next((facts for _, facts, *_ in _listed(self.snapshot) if facts.rid == rid), None)
 
     def restart(self, pid, dry_run):
         """Decides a restart order (the HTTP handler sends the answer, then calls end_process)."""

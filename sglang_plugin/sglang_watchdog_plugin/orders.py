@@ -28,11 +28,13 @@ class Outcome(NamedTuple):
 
 
 class ForceFailOrder:
-    def __init__(self, rid, bootstrap_room, reason, dry_run):
+    def __init__(self, rid, bootstrap_room, reason, dry_run, prefill_stopped=False):
         self.rid = rid
         self.bootstrap_room = bootstrap_room  # None: any room
         self.reason = reason  # None: none given
         self.dry_run = dry_run
+        # Decode only: the caller asserts that the prefill peer stopped writing.
+        self.prefill_stopped = prefill_stopped
         self._lock = threading.Lock()
         self._state = _PENDING
         self._done = threading.Event()
@@ -188,18 +190,18 @@ def unsupported(rid, note):
     )
 
 
-def not_found(rid):
-    return Outcome(404, {"result": "not_found", "rid": rid, "error": f"no inflight request has rid {rid!r}"})
+def not_found(rid, where="inflight"):
+    return Outcome(404, {"result": "not_found", "rid": rid, "error": f"no {where} request has rid {rid!r}"})
 
 
-def room_mismatch(rid, actual_room):
+def room_mismatch(rid, actual_room, where="inflight"):
     return Outcome(
         409,
         {
             "result": "room_mismatch",
             "rid": rid,
             "bootstrap_room": actual_room,
-            "error": f"rid {rid!r} is inflight with bootstrap_room {actual_room}, not the one given",
+            "error": f"rid {rid!r} is {where} with bootstrap_room {actual_room}, not the one given",
         },
     )
 

@@ -1,4 +1,4 @@
-"""HTTP listener: GET /healthz, GET /debug/inflight, POST /admin/force_fail, POST /admin/restart.
+"""HTTP listener (prefill and decode): GET /healthz, GET /debug/inflight, POST /admin/force_fail, POST /admin/restart.
 
 The contract is docs/plugin-api.md, including its "Project clarifications".
 Handlers run on the listener's own threads and only read the Monitor's
@@ -272,10 +272,13 @@ class _Handler(BaseHTTPRequestHandler):
         dry_run = payload.get("dry_run", False)
         if not isinstance(dry_run, bool):
             return bad_request("dry_run must be a boolean")
+        prefill_stopped = payload.get("prefill_stopped", False)
+        if not isinstance(prefill_stopped, bool):
+            return bad_request("prefill_stopped must be a boolean")
         reason = payload.get("reason")
         if not isinstance(reason, str) or not reason.strip():
             reason = None
-        return self.monitor.force_fail(rid, room, reason, dry_run)
+        return self.monitor.force_fail(rid, room, reason, dry_run, prefill_stopped)
 
     def _restart(self, payload):
         monitor = self.monitor

@@ -15,6 +15,7 @@ from . import standins
 hook.install(standins.PrefillMixin)
 hook.install(standins.OldPrefillMixin)
 hook.install(standins.EarlyPrefillMixin)
+hook.install(standins.DecodeMixin, hook.DECODE_METHOD)
 
 
 def plugin_env(**overrides):

@@ -491,7 +491,8 @@ class PPStageScheduler(NewScheduler):
 
 
 class SchedulerLoop:
-    """Drives a scheduler's inflight pass on its own thread, like SGLang's event loop.
+    """Drives a scheduler's inflight pass (prefill) or decode queue pass on its own thread, like SGLang's
+    event loop.
 
     ``before_pass`` runs on the loop thread ahead of every pass (scenario
     ticks); ``pause()`` returns once the loop is parked between passes.
@@ -522,8 +523,10 @@ class SchedulerLoop:
             self._parked.clear()
             if self.before_pass is not None:
                 self.before_pass()
+            if isinstance(s, DecodeMixin):
+                s.process_decode_queue()
             # Older loops only call the pass while the queue is non-empty.
-            if isinstance(s, PrefillMixin) or s.disagg_prefill_inflight_queue:
+            elif isinstance(s, PrefillMixin) or s.disagg_prefill_inflight_queue:
                 s.process_disagg_prefill_inflight_queue()
             self.passes += 1
             time.sleep(self.interval)
@@ -549,3 +552,511 @@ class SchedulerLoop:
             if time.monotonic() > deadline:
                 raise TimeoutError("the stand-in scheduler loop stalled")
             time.sleep(0.001)
+
+
+# -- decode -----------------------------------------------------------------
+#
+# The decode side (sglang-facts §10.4, §10.4a; decode.py, common/conn.py,
+# nixl/conn.py, fake/conn.py): DecodeRequests wait in the prealloc queue
+# until their handshake is done and pages are free, send their metadata and
+# move to the transfer queue, which polls their receivers until Success or
+# Failed. A Failed receiver in the prealloc queue is a bootstrap failure; in
+# the transfer queue a transfer failure that answers the client with a 500
+# and frees the pages at once, or, with deferred release on and an ABORT
+# sent to prefill, once the prefill peer acknowledged it (ABORT_ACK) or
+# DEFERRED_RELEASE_TIMEOUT_S passed.
+
+DEFERRED_RELEASE_TIMEOUT_S = 30.0
+WAITING_TIMEOUT_S = 300.0
+
+
+class PrefillPeer:
+    """The prefill side of ABORT messages: acknowledges an abort once it has no chunk of the room in flight.
+
+    ``acks=False`` is a peer that never answers (a wedged or dead prefill).
+    """
+
+    def __init__(self, acks=True):
+        self.acks = acks
+        self.aborts = []  # rooms an ABORT arrived for
+        self.writing = set()  # rooms with a chunk still in flight
+        self._waiting = {}  # room -> manager, ABORTs not yet acknowledged
+
+    def abort(self, room, manager):
+        self.aborts.append(room)
+        self._waiting[room] = manager
+        self._maybe_ack(room)
+
+    def settle(self, room):
+        """The room's last in-flight chunk settled."""
+        self.writing.discard(room)
+        self._maybe_ack(room)
+
+    def _maybe_ack(self, room):
+        if self.acks and room not in self.writing and room in self._waiting:
+            self._waiting.pop(room).note_abort_ack(room)
+
+
+class DecodeKVManager(KVManager):
+    """CommonKVManager on decode: status table, failure records, waiting timeout and the deferred-abort tracker.
+
+    ``deferred=None`` is a release without deferred decode KV release.
+    """
+
+    def __init__(self, deferred=True):
+        super().__init__(queues=0)
+        self.waiting_timeout = WAITING_TIMEOUT_S
+        if deferred is not None:
+            self.enable_deferred_decode_kv_release = deferred
+        self._deferred_abort_ack_tracker = set()  # rooms registered as deferred aborts
+        self._abort_acks = set()  # rooms whose ABORT_ACK arrived, registered or not yet
+
+    def register_deferred_abort_room(self, room):
+        # Idempotent, and an ack that raced ahead of the registration still counts.
+        self._deferred_abort_ack_tracker.add(room)
+
+    def note_abort_ack(self, room):
+        self._abort_acks.add(room)
+
+    def is_abort_release_safe(self, room):
+        return room in self._deferred_abort_ack_tracker and room in self._abort_acks
+
+    def clear_deferred_abort_state(self, room):
+        self._deferred_abort_ack_tracker.discard(room)
+        self._abort_acks.discard(room)
+
+
+class OlderDecodeKVManager(DecodeKVManager):
+    """A release whose register_deferred_abort_room also wants a generation and the expected ranks."""
+
+    def register_deferred_abort_room(self, room, generation, expected_ranks):
+        super().register_deferred_abort_room(room)
+
+
+class TransferStatus:
+    """NIXL's per-room transfer status on decode (nixl/conn.py TransferStatus, trimmed)."""
+
+    def __init__(self):
+        self.received_kvs_per_pp = collections.defaultdict(set)
+        self.expected_kvs_per_pp = {}
+        self.num_pp_ranks_expected = None
+        self.received_aux = False
+        self.failed = False
+
+    def is_done(self):
+        if not self.received_aux or self.num_pp_ranks_expected is None:
+            return False
+        if len(self.expected_kvs_per_pp) < self.num_pp_ranks_expected:
+            return False
+        return all(len(self.received_kvs_per_pp[pp]) >= n for pp, n in self.expected_kvs_per_pp.items())
+
+    def is_failed(self):
+        return self.failed
+
+
+class NixlDecodeKVManager(DecodeKVManager):
+    def __init__(self, deferred=True):
+        super().__init__(deferred)
+        self.transfer_statuses = collections.defaultdict(TransferStatus)
+
+    def receive_chunk(self, room, chunk_id, pp_rank=0, last_of=None, pp_ranks=1):
+        """Prefill wrote one chunk; ``last_of`` gives the stage's chunk count with its last chunk."""
+        status = self.transfer_statuses[room]
+        status.received_kvs_per_pp[pp_rank].add(chunk_id)
+        status.num_pp_ranks_expected = pp_ranks
+        if last_of is not None:
+            status.expected_kvs_per_pp[pp_rank] = last_of
+
+    def receive_aux(self, room):
+        self.transfer_statuses[room].received_aux = True
+
+
+class CommonKVReceiver(_RecordedWrites):
+    """CommonKVReceiver: latched conclude_state, the waiting timeout, abort() with its ABORT to prefill."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room, peer=None):
+        super().__init__()
+        self.kv_mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
+        self.bootstrap_room = bootstrap_room
+        self.peer = peer
+        self.__conclude_state = None
+        self.init_time = None
+        self.abort_notified = False
+        self.bootstrap_infos = None
+        mgr.update_status(bootstrap_room, KVPoll.Bootstrapping)
+
+    @property
+    def conclude_state(self):
+        return self.__conclude_state
+
+    @conclude_state.setter
+    def conclude_state(self, value):
+        self._recorded("_CommonKVReceiver__conclude_state", value)
+
+    def _latch(self, status):
+        self.__conclude_state = status  # poll()'s own latching is not a lever write
+
+    def init(self, prefill_dp_rank=0):
+        self.bootstrap_infos = [{"peer": self.peer}]
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.WaitingForInput)
+
+    def send_metadata(self, *args, **kwargs):
+        self.init_time = time.time()
+
+    def _check_waiting_timeout(self):
+        if self.init_time is None or time.time() - self.init_time < self.kv_mgr.waiting_timeout:
+            return None
+        self.kv_mgr.record_failure(self.bootstrap_room, "timed out in KVPoll.WaitingForInput")
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self._notify_abort()
+        return KVPoll.Failed
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        status = self.kv_mgr.check_status(self.bootstrap_room)
+        if status in (KVPoll.Success, KVPoll.Failed):
+            self._latch(status)
+            return status
+        if status == KVPoll.WaitingForInput:
+            return self._check_waiting_timeout() or status
+        return status
+
+    def abort(self):
+        self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        self.conclude_state = KVPoll.Failed
+        self._notify_abort()
+
+    def _notify_abort(self):
+        if not self.abort_notified and self.bootstrap_infos is not None:
+            for info in self.bootstrap_infos:
+                if info["peer"] is not None:
+                    info["peer"].abort(self.bootstrap_room, self.kv_mgr)
+            self.abort_notified = True
+
+    def failure_exception(self):
+        reason = self.kv_mgr.failure_records.pop(self.bootstrap_room, "Failed due to an unknown reason")
+        raise RuntimeError(f"KVTransferError(bootstrap_room={self.bootstrap_room}): {reason}")
+
+    def clear(self):
+        self.kv_mgr.request_status.pop(self.bootstrap_room, None)
+
+
+class MooncakeKVReceiver(CommonKVReceiver):
+    """Mooncake: Transferring once prefill started writing, and never timed out there (upstream PR #31800)."""
+
+    def start_transfer(self):
+        """Prefill's first chunk landed."""
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Transferring)
+
+    def finish_transfer(self):
+        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Success)
+
+
+class NixlKVReceiver(CommonKVReceiver):
+    """Newest NIXL: started_transfer once metadata is sent; WaitingForInput until every chunk and the aux
+    arrived (with the waiting timeout), then Success."""
+
+    def __init__(self, mgr, bootstrap_addr, bootstrap_room, peer=None):
+        self.started_transfer = False
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, peer)
+
+    def send_metadata(self, *args, **kwargs):
+        super().send_metadata()
+        self.started_transfer = True
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        status = self.kv_mgr.check_status(self.bootstrap_room)
+        if status in (KVPoll.Success, KVPoll.Failed):
+            self._latch(status)
+            return status
+        if not self.started_transfer:
+            return status
+        if self._check_waiting_timeout():
+            self._latch(KVPoll.Failed)
+            return KVPoll.Failed
+        transfer = self.kv_mgr.transfer_statuses.get(self.bootstrap_room)
+        if transfer is not None and transfer.is_done():
+            self._latch(KVPoll.Failed if transfer.is_failed() else KVPoll.Success)
+            del self.kv_mgr.transfer_statuses[self.bootstrap_room]
+            return self.conclude_state
+        return KVPoll.WaitingForInput
+
+    def failure_exception(self):
+        raise RuntimeError("NIXL KVReceiver Exception")
+
+
+class FakeKVReceiver(_RecordedWrites):
+    """Health checks and warm-ups: no room, no transfer; the newest release hands it the real manager."""
+
+    def __init__(self, mgr=None, bootstrap_addr="", bootstrap_room=None):
+        super().__init__()
+        if mgr is not None:
+            self.kv_mgr = mgr
+            self.abort_notified = False
+        self.bootstrap_done = False
+        self.has_sent_metadata = False
+        self.conclude_state = None
+
+    def init(self, prefill_dp_rank=0):
+        self.bootstrap_done = True
+
+    def send_metadata(self, *args, **kwargs):
+        self.has_sent_metadata = True
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if not self.bootstrap_done:
+            return KVPoll.Bootstrapping
+        if not self.has_sent_metadata:
+            return KVPoll.WaitingForInput
+        self.conclude_state = KVPoll.Success
+        return KVPoll.Success
+
+    def abort(self):
+        self.conclude_state = KVPoll.Failed
+
+    def failure_exception(self):
+        raise RuntimeError("Fake KVReceiver Exception")
+
+    def clear(self):
+        pass
+
+
+class DecodeRequest:
+    def __init__(self, req, kv_receiver):
+        self.req = req
+        self.kv_receiver = kv_receiver
+        self.waiting_for_input = False
+        self.metadata_buffer_index = -1
+
+
+class PagePool:
+    """Decode KV page slots: one per request, the most recently freed handed out first."""
+
+    def __init__(self, slots=64):
+        self.free_slots = list(range(slots))
+        self.owner = {}  # slot -> rid
+
+    def alloc(self, rid):
+        if not self.free_slots:
+            return None
+        slot = self.free_slots.pop()
+        self.owner[slot] = rid
+        return slot
+
+    def free(self, slot):
+        del self.owner[slot]
+        self.free_slots.append(slot)
+
+
+def _abort_req(req, message):
+    req.finished_reason = ("abort", 500, message)
+
+
+class DecodePreallocQueue:
+    def __init__(self, scheduler, kv_manager, transfer_queue, pages):
+        self.scheduler = scheduler
+        self.kv_manager = kv_manager
+        self.transfer_queue = transfer_queue
+        self.pages = pages
+        self.queue = []
+        self.retracted_queue = []
+        self.pending_reqs = []
+        self.held_rebootstrap_reqs = []
+
+    def _update_handshake_waiters(self):
+        if not self.queue:
+            return
+        # Still poll if any receiver was aborted, otherwise it stays stuck.
+        if all(d.waiting_for_input for d in self.queue) and not any(
+                d.kv_receiver.conclude_state == KVPoll.Failed for d in self.queue):
+            return
+        for decode_req in self.queue:
+            poll = decode_req.kv_receiver.poll()
+            if poll == KVPoll.Bootstrapping:
+                pass
+            elif poll == KVPoll.WaitingForInput:
+                decode_req.waiting_for_input = True
+            elif poll == KVPoll.Failed:
+                message = f"Decode handshake failed for request {decode_req.req.rid=}"
+                try:
+                    decode_req.kv_receiver.failure_exception()
+                except Exception as e:
+                    message += f" with exception {e}"
+                _abort_req(decode_req.req, message)
+                self.scheduler.num_bootstrap_failed_reqs += 1
+            else:
+                raise ValueError(f"Unexpected poll case: {poll}")
+
+    def pop_preallocated(self):
+        self._update_handshake_waiters()
+        failed, preallocated, keep = [], [], []
+        for decode_req in self.queue:
+            if decode_req.req.finished_reason is not None:
+                self.scheduler.client_answers.append((decode_req.req.rid, 500))
+                decode_req.kv_receiver.clear()
+                decode_req.kv_receiver = None
+                failed.append(decode_req)
+            elif decode_req.waiting_for_input and self.pages.free_slots:
+                decode_req.metadata_buffer_index = self.pages.alloc(decode_req.req.rid)
+                decode_req.kv_receiver.send_metadata()
+                preallocated.append(decode_req)
+            else:
+                keep.append(decode_req)
+        self.queue = keep
+        return preallocated, failed
+
+
+class DecodeTransferQueue:
+    def __init__(self, scheduler, pages):
+        self.scheduler = scheduler
+        self.pages = pages
+        self.queue = []
+        self.deferred_kv_release_timeout = DEFERRED_RELEASE_TIMEOUT_S
+        self.clock = time.monotonic
+        self._deferred_releases = []  # (decode_req, room, deadline, manager)
+
+    def extend(self, decode_reqs):
+        self.queue.extend(decode_reqs)
+
+    def pop_transferred(self):
+        if not self.queue:
+            return []
+        transferred, keep = [], []
+        for decode_req in self.queue:
+            poll = decode_req.kv_receiver.poll()
+            if poll == KVPoll.Failed:
+                message = f"Decode transfer failed for request {decode_req.req.rid=}"
+                try:
+                    decode_req.kv_receiver.failure_exception()
+                except Exception as e:
+                    message += f" with exception {e}"
+                _abort_req(decode_req.req, message)
+                self.scheduler.client_answers.append((decode_req.req.rid, 500))
+                receiver = decode_req.kv_receiver
+                manager = getattr(receiver, "kv_mgr", None)
+                if getattr(manager, "enable_deferred_decode_kv_release", False) and getattr(
+                        receiver, "abort_notified", False):
+                    # Prefill may still write into these pages: hold them until it acknowledged the ABORT.
+                    self._deferred_releases.append(
+                        (decode_req, decode_req.req.bootstrap_room, self.clock() + self.deferred_kv_release_timeout,
+                         manager))
+                else:
+                    self._release(decode_req)
+                receiver.clear()
+                decode_req.kv_receiver = None
+                self.scheduler.num_transfer_failed_reqs += 1
+            elif poll == KVPoll.Success:
+                decode_req.kv_receiver.clear()
+                decode_req.kv_receiver = None
+                transferred.append(decode_req.req)
+                self._release(decode_req)  # the stand-in decodes at once
+            elif poll in (KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring):
+                keep.append(decode_req)
+            else:
+                raise ValueError(f"Unexpected poll case: {poll}")
+        self.queue = keep
+        return transferred
+
+    def _release(self, decode_req):
+        if decode_req.metadata_buffer_index is not None and decode_req.metadata_buffer_index >= 0:
+            self.pages.free(decode_req.metadata_buffer_index)
+            decode_req.metadata_buffer_index = -1
+        self.scheduler.released_pages.append(decode_req.req.rid)
+
+    def resolve_deferred_releases(self):
+        held = []
+        now = self.clock()
+        for entry in self._deferred_releases:
+            decode_req, room, deadline, manager = entry
+            if not manager.is_abort_release_safe(room):
+                if now < deadline:
+                    held.append(entry)
+                    continue
+                self.scheduler.deferred_timeouts.append(decode_req.req.rid)
+            self._release(decode_req)
+            manager.clear_deferred_abort_state(room)
+        self._deferred_releases = held
+
+
+class DecodeMixin:
+    """process_decode_queue as the decode event loops call it, once per unpaused pass."""
+
+    def process_decode_queue(self):
+        self.disagg_decode_transfer_queue.resolve_deferred_releases()
+        if len(self.disagg_decode_prealloc_queue.retracted_queue) > 0:
+            return
+        if not hasattr(self, "polling_count"):
+            self.polling_count = 0
+            self.polling_interval = self.server_args.disaggregation_decode_polling_interval
+        self.polling_count = (self.polling_count + 1) % self.polling_interval
+        if self.polling_count % self.polling_interval == 0:
+            req_conns, _ = self.disagg_decode_prealloc_queue.pop_preallocated()
+            self.disagg_decode_transfer_queue.extend(req_conns)
+            self.waiting_queue.extend(self.disagg_decode_transfer_queue.pop_transferred())
+
+
+class _DecodeState:
+    def __init__(self, backend, manager, pages, polling_interval):
+        self.disaggregation_mode = "decode"
+        self.server_args = ServerArgs(backend)
+        self.server_args.disaggregation_decode_polling_interval = polling_interval
+        self.pages = pages if pages is not None else PagePool()
+        if manager is None:
+            manager = NixlDecodeKVManager() if backend == "nixl" else DecodeKVManager()
+        self.disagg_decode_transfer_queue = DecodeTransferQueue(self, self.pages)
+        self.disagg_decode_prealloc_queue = DecodePreallocQueue(
+            self, manager, self.disagg_decode_transfer_queue, self.pages)
+        self.waiting_queue = []
+        self.num_bootstrap_failed_reqs = 0
+        self.num_transfer_failed_reqs = 0
+        self.client_answers = []  # (rid, HTTP status) of requests answered with an error
+        self.released_pages = []  # rids whose pages were freed, in order
+        self.deferred_timeouts = []  # rids whose deferred release ran out of time
+
+    @property
+    def kv_manager(self):
+        return self.disagg_decode_prealloc_queue.kv_manager
+
+    def add_request(self, rid, room, receiver_cls=None, *, host="10.0.0.7", port=8998, peer=None, handshake=True):
+        """A request arrives (process_input_requests): a receiver is made and the request queued for prealloc."""
+        req = Req(rid, room, None, host=host, port=port)
+        if host == FAKE_BOOTSTRAP_HOST:
+            receiver = FakeKVReceiver(self.kv_manager)
+            req.bootstrap_room = room
+        else:
+            cls = receiver_cls or (NixlKVReceiver if self.server_args.disaggregation_transfer_backend == "nixl"
+                                   else MooncakeKVReceiver)
+            receiver = cls(self.kv_manager, f"{host}:{port}", room, peer)
+        decode_req = DecodeRequest(req, receiver)
+        self.disagg_decode_prealloc_queue.queue.append(decode_req)
+        if handshake:
+            receiver.init(0)
+        return decode_req
+
+
+class DecodeScheduler(DecodeMixin, _DecodeState):
+    """Newest layout: ranks in self.ps."""
+
+    def __init__(self, backend="nixl", manager=None, pages=None, polling_interval=1, **ranks):
+        _DecodeState.__init__(self, backend, manager, pages, polling_interval)
+        self.ps = ParallelState(**ranks)
+
+
+class OldDecodeScheduler(DecodeMixin, _DecodeState):
+    """Older layout: plain rank attributes, dp_rank None without DP."""
+
+    def __init__(self, backend="mooncake", manager=None, pages=None, polling_interval=1, tp_rank=0, dp_rank=None,
+                 pp_rank=0, pp_size=1, attn_tp_rank=0):
+        _DecodeState.__init__(self, backend, manager, pages, polling_interval)
+        self.tp_rank = tp_rank
+        self.dp_rank = dp_rank
+        self.pp_rank = pp_rank
+        self.pp_size = pp_size
+        self.attn_tp_rank = attn_tp_rank

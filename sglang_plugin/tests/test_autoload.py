@@ -17,6 +17,12 @@ class SchedulerDisaggregationPrefillMixin:
         return ["original", rids_to_check]
 """
 
+DECODE = """
+class SchedulerDisaggregationDecodeMixin:
+    def process_decode_queue(self):
+        return "decode pass"
+"""
+
 # Loads the site directory the way site.py loads site-packages at start-up,
 # so the real .pth line runs; then reports what the process looks like.
 PROBE = """
@@ -28,6 +34,10 @@ if sys.argv[2] == "import":
     method = prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue
     report["hooked"] = getattr(method, "__sglang_watchdog_hook__", False)
     report["result"] = method(object(), ["r1"])
+    from sglang.srt.disaggregation import decode
+    report["decode_hooked"] = getattr(decode.SchedulerDisaggregationDecodeMixin.process_decode_queue,
+                                      "__sglang_watchdog_hook__", False)
+    report["decode_result"] = decode.SchedulerDisaggregationDecodeMixin().process_decode_queue()
 print(json.dumps(report))
 """
 
@@ -43,6 +53,7 @@ class AutoloadTest(unittest.TestCase):
         self.write("sglang/srt/__init__.py", "")
         self.write("sglang/srt/disaggregation/__init__.py", "")
         self.write("sglang/srt/disaggregation/prefill.py", PREFILL)
+        self.write("sglang/srt/disaggregation/decode.py", DECODE)
 
     def write(self, relative, text):
         path = os.path.join(self.root, "pkgs", relative)
@@ -66,6 +77,8 @@ class AutoloadTest(unittest.TestCase):
         report, stderr = self.probe("import")
         self.assertTrue(report["hooked"], stderr)
         self.assertEqual(report["result"], ["original", ["r1"]])  # not a prefill scheduler: passes through
+        self.assertTrue(report["decode_hooked"], stderr)
+        self.assertEqual(report["decode_result"], "decode pass")  # not a decode scheduler: passes through
 
     def test_defers_to_the_plugin_framework(self):
         self.write("sglang/srt/plugins/__init__.py", "")
@@ -75,6 +88,7 @@ class AutoloadTest(unittest.TestCase):
                    "[sglang.srt.plugins]\nsglang_watchdog = sglang_watchdog_plugin:register\n")
         report, _ = self.probe("import")
         self.assertFalse(report["hooked"])
+        self.assertFalse(report["decode_hooked"])
 
     def test_a_changed_sglang_is_not_broken(self):
         self.write("sglang/srt/disaggregation/prefill.py", "VALUE = 1\n")

@@ -181,12 +181,12 @@ class HookShapeTest(unittest.TestCase):
         module.HookRegistry, module.HookType = HookRegistry, HookType
         with mock.patch.dict(sys.modules, {"sglang.srt.plugins.hook_registry": module}):
             sglang_watchdog_plugin.register()
-        self.assertEqual(registered, [(
-            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
-            "process_disagg_prefill_inflight_queue",
-            hook.around_inflight_pass,
-            HookType.AROUND,
-        )])
+        self.assertEqual(registered, [
+            ("sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin."
+             "process_disagg_prefill_inflight_queue", hook.around_inflight_pass, HookType.AROUND),
+            ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue",
+             hook.around_decode_pass, HookType.AROUND),
+        ])
 
     def test_register_without_sglang_only_warns(self):
         with self.assertLogs("sglang_watchdog_plugin", "WARNING"):

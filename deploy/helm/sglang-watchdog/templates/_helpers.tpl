@@ -66,6 +66,24 @@ app.kubernetes.io/part-of: sglang-pd
 {{- if empty $r.podSelector -}}
 {{- fail (printf "roles.%s.podSelector is empty: it would select every pod" $name) -}}
 {{- end -}}
+{{- $pw := $r.prefillWatchdog | default dict -}}
+{{- if $pw.enabled -}}
+{{- if ne $r.mode "decode" -}}
+{{- fail (printf "roles.%s.prefillWatchdog is for decode roles; this role's mode is %s" $name $r.mode) -}}
+{{- end -}}
+{{- if empty $pw.networks -}}
+{{- fail (printf "roles.%s.prefillWatchdog.networks is empty: list the CIDRs of the prefill pods (e.g. the pod CIDR); only hosts in them are asked" $name) -}}
+{{- end -}}
+{{- range $pw.networks -}}
+{{- if or (eq . "0.0.0.0/0") (eq . "::/0") -}}
+{{- fail (printf "roles.%s.prefillWatchdog.networks has %s: the bootstrap host comes from listing data, so keep it to the prefill pods' CIDRs" $name .) -}}
+{{- end -}}
+{{- end -}}
+{{- $peer := index $.Values.roles (toString $pw.role) -}}
+{{- if not (and $peer $peer.enabled (eq $peer.mode "prefill")) -}}
+{{- fail (printf "roles.%s.prefillWatchdog.role %q is not an enabled prefill role" $name (toString $pw.role)) -}}
+{{- end -}}
+{{- end -}}
 {{- $out = append $out $name -}}
 {{- end -}}
 {{- end -}}
@@ -110,6 +128,32 @@ args:
   - --plugin.token-file={{ include "sglang-watchdog.tokenDir" $root }}/token
 {{- end }}
   - --force-fail.mode={{ $r.forceFailMode }}
+{{- if include "sglang-watchdog.restarts" (dict "root" $root "role" .role) }}
+  # Restart escalation (restart.enabled): a restart loses every request
+  # inside the server.
+  - --restart.mode={{ $r.forceFailMode }}
+  - --restart.min-interval={{ $root.Values.restart.minInterval }}
+{{- end }}
+{{- if eq $r.mode "decode" }}
+{{- with $r.decodeDeadline }}
+  - --watchdog.decode-deadline={{ . }}
+{{- end }}
+{{- $pw := $r.prefillWatchdog | default dict }}
+{{- if $pw.enabled }}
+  # The prefill pods' watchdogs, asked for a room's verdict before a
+  # started transfer is released ({host}: the request's bootstrap host).
+  - --decode.prefill-watchdog-url={{ $pw.scheme | default "http" }}://{host}:{{ $s.port }}
+{{- range $pw.networks }}
+  - --decode.prefill-networks={{ . }}
+{{- end }}
+{{- with $pw.timeout }}
+  - --decode.prefill-watchdog-timeout={{ . }}
+{{- end }}
+{{- if $pw.httpConfigSecret }}
+  - --decode.prefill-watchdog-http-config-file={{ include "sglang-watchdog.httpConfigDir" $root }}/http-config.yml
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range concat ($r.extraArgs | default list) ($s.extraArgs | default list) }}
   - {{ . | quote }}
 {{- end }}
@@ -145,13 +189,38 @@ resources:
 securityContext:
   {{- toYaml $s.securityContext | nindent 2 }}
 terminationMessagePolicy: FallbackToLogsOnError
-{{- if gt $ranks 0 }}
+{{- $httpConfig := include "sglang-watchdog.httpConfigSecret" (dict "root" $root "role" .role) }}
+{{- if or (gt $ranks 0) $httpConfig }}
 volumeMounts:
+{{- if gt $ranks 0 }}
   {{- include "sglang-watchdog.tokenVolumeMount" $root | nindent 2 }}
+{{- end }}
+{{- if $httpConfig }}
+  - name: prefill-watchdog-http-config
+    mountPath: {{ include "sglang-watchdog.httpConfigDir" $root }}
+    readOnly: true
+{{- end }}
 {{- end }}
 {{- end -}}
 
-{{/* The token volume of a prefill pod (the pod's volumes list). */}}
+{{/* "true" when restart escalation applies to a role: restart.enabled, a
+prefill role, with the plugin. Call with (dict "root" $ "role" <name>). */}}
+{{- define "sglang-watchdog.restarts" -}}
+{{- $r := index .root.Values.roles .role -}}
+{{- if and .root.Values.restart.enabled (eq $r.mode "prefill") (gt (int $r.plugin.ranks) 0) (ne (toString $r.forceFailMode) "off") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret of a decode role's prefill watchdog HTTP client settings,
+or nothing. Call with (dict "root" $ "role" <name>). */}}
+{{- define "sglang-watchdog.httpConfigSecret" -}}
+{{- $r := index .root.Values.roles .role -}}
+{{- $pw := $r.prefillWatchdog | default dict -}}
+{{- if and (eq $r.mode "decode") $pw.enabled $pw.httpConfigSecret -}}{{ $pw.httpConfigSecret }}{{- end -}}
+{{- end -}}
+
+{{- define "sglang-watchdog.httpConfigDir" -}}/etc/sglang-watchdog/prefill-watchdog{{- end -}}
+
+{{/* The token volume of a pod with the plugin (the pod's volumes list). */}}
 {{- define "sglang-watchdog.tokenVolume" -}}
 - name: watchdog-token
   secret:
@@ -181,4 +250,10 @@ call with (dict "root" $ "role" "prefill"). */}}
   value: 127.0.0.1
 - name: SGLANG_WATCHDOG_PLUGIN_PORT
   value: {{ $r.plugin.basePort | quote }}
+{{- if include "sglang-watchdog.restarts" . }}
+# restart.enabled: POST /admin/restart may end this server, losing every
+# request inside it.
+- name: SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART
+  value: "1"
+{{- end }}
 {{- end -}}

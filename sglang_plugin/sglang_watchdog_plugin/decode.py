@@ -1,0 +1,385 @@
+"""Decode side: read-only observation of KV receivers, the decode levers, and decode orders.
+
+Where a decode request waits (sglang-facts §10.4, §10.4a): a ``DecodeRequest``
+(fields ``req``, ``kv_receiver``, ``waiting_for_input``,
+``metadata_buffer_index``) sits in ``disagg_decode_prealloc_queue.queue``
+until its pages are allocated and its metadata sent to prefill, then in
+``disagg_decode_transfer_queue.queue`` until its receiver polls Success or
+Failed. ``kv_receiver`` is set to None once SGLang clears it.
+
+Nothing here calls ``poll()``: it feeds SGLang's all-reduce, applies the
+waiting timeout and latches terminal states. Per receiver the plugin reads:
+
+* every receiver: a latched ``conclude_state`` first (``abort()`` latches
+  Failed, and every receiver's ``poll()`` returns it);
+* common receivers (NIXL, Mooncake and the others): ``kv_mgr.check_status(room)``;
+  the metadata hand-over (``init_time``, set when metadata is sent);
+* NIXL: ``started_transfer`` and the manager's per-room ``transfer_statuses``
+  entry (chunks received per prefill PP rank, chunks expected per rank once
+  the last chunk arrived, the number of PP ranks expected);
+* the fake receiver of health checks and warm-ups (no ``bootstrap_room``,
+  no manager on older releases): ``bootstrap_done`` and ``has_sent_metadata``.
+"""
+
+import ast
+import inspect
+import logging
+import sys
+import time
+import types
+from typing import NamedTuple
+
+from . import capabilities
+from .capabilities import ABORT, Capabilities
+from .observe import (
+    BOOTSTRAPPING,
+    FAILED,
+    SUCCESS,
+    TRANSFERRING,
+    UNKNOWN,
+    WAITING_FOR_INPUT,
+    as_poll_code,
+)
+from .orders import (
+    DEFAULT_REASON,
+    Outcome,
+    health_check,
+    internal_error,
+    is_health_check,
+    not_found,
+    room_mismatch,
+    transfer_succeeded,
+    unsupported,
+)
+
+logger = logging.getLogger("sglang_watchdog_plugin")
+
+DEFERRED_ABORT = "deferred_abort"
+PREALLOC, TRANSFER = "prealloc", "transfer"
+WHERE = "decode-queued"
+
+
+class ReceiverView(NamedTuple):
+    poll: int
+    progress: int  # -1: unknown
+    chunks_expected: int | None
+    transfer_started: bool | None
+
+
+_UNKNOWN_VIEW = ReceiverView(UNKNOWN, -1, None, None)
+
+
+def observe_receiver(receiver, room):
+    """What the receiver's poll() would build on, read without calling it."""
+    if receiver is None:  # cleared by SGLang: the request leaves its queue in this pass
+        return _UNKNOWN_VIEW
+    concluded = getattr(receiver, "conclude_state", None)
+    if hasattr(receiver, "has_sent_metadata"):  # the fake receiver: no transfer at all
+        if concluded is not None:
+            poll = as_poll_code(concluded)
+        elif not getattr(receiver, "bootstrap_done", False):
+            poll = BOOTSTRAPPING
+        else:
+            poll = SUCCESS if receiver.has_sent_metadata else WAITING_FOR_INPUT
+        return ReceiverView(poll, -1, None, bool(receiver.has_sent_metadata))
+    manager = getattr(receiver, "kv_mgr", None)
+    progress, expected, done = _transfer_status(manager, room)
+    if concluded is not None:
+        poll = as_poll_code(concluded)
+    else:
+        poll = _status(manager, room)
+        if done is not None and poll not in (SUCCESS, FAILED):
+            poll = done  # all chunks are in: the next poll() latches this
+    return ReceiverView(poll, progress, expected, _started(receiver, progress, poll))
+
+
+def _status(manager, room):
+    check_status = getattr(manager, "check_status", None)
+    if check_status is None:
+        return UNKNOWN
+    try:
+        return as_poll_code(check_status(room))
+    except Exception:  # KeyError once the room is cleared
+        return UNKNOWN
+
+
+def _transfer_status(manager, room):
+    """(chunks received, chunks expected or None, terminal poll code or None) from NIXL's per-room status."""
+    statuses = getattr(manager, "transfer_statuses", None)
+    if statuses is None:
+        return -1, None, None
+    try:
+        # A defaultdict on the manager: get(), never index, or the read would create an entry.
+        status = statuses.get(room)
+        if status is None:
+            return 0, None, None
+        received = sum(len(chunks) for chunks in list(status.received_kvs_per_pp.values()))
+        expected_per_pp = dict(status.expected_kvs_per_pp)
+        ranks = status.num_pp_ranks_expected
+        expected = sum(expected_per_pp.values()) if ranks is not None and len(expected_per_pp) >= ranks else None
+        done = None
+        is_done = getattr(status, "is_done", None)
+        if callable(is_done) and is_done():
+            is_failed = getattr(status, "is_failed", None)
+            done = FAILED if callable(is_failed) and is_failed() else SUCCESS
+        return received, expected, done
+    except Exception:  # a transfer thread changed it under us: unknown this time
+        return -1, None, None
+
+
+def _started(receiver, progress, poll):
+    """Whether prefill may be writing into this request's pages: True, False, or None (unknown).
+
+    Metadata sent (NIXL ``started_transfer``, or ``init_time`` of the common
+    receivers) means prefill holds the destination pages and may write at any
+    time; a chunk received or a Transferring status means it did.
+    """
+    if progress > 0 or poll == TRANSFERRING:
+        return True
+    started = getattr(receiver, "started_transfer", None)
+    if started is True:
+        return True
+    has_init_time = hasattr(receiver, "init_time")
+    if has_init_time and receiver.init_time is not None:
+        return True
+    if started is False or has_init_time:
+        return False
+    return None
+
+
+# -- capabilities -----------------------------------------------------------
+
+
+def pass_problem(scheduler):
+    """Why the decode queues' Failed branches cannot be trusted, or ""."""
+    transfer = type(getattr(scheduler, "disagg_decode_transfer_queue", None))
+    problem = capabilities.failed_branch_problem(
+        getattr(transfer, "pop_transferred", None), "DecodeTransferQueue.pop_transferred", "decode transfer queue")
+    if problem:
+        return problem
+    prealloc = type(getattr(scheduler, "disagg_decode_prealloc_queue", None))
+    # The handshake's Failed branch moved out of pop_preallocated in newer releases.
+    for name in ("_update_handshake_waiters", "pop_preallocated"):
+        fn = getattr(prealloc, name, None)
+        if fn is None:
+            continue
+        problem = capabilities.failed_branch_problem(fn, f"DecodePreallocQueue.{name}", "decode prealloc queue")
+        if not problem or "raises" in problem:
+            return problem
+    return problem or "the decode prealloc queue has no pass the plugin can read"
+
+
+def detect(receiver_cls, problem):
+    """Capabilities of a receiver class: ["abort"] when abort() latches Failed and poll() returns it."""
+    name = receiver_cls.__name__
+    if problem:
+        return Capabilities((), problem)
+    if getattr(receiver_cls, "abort", None) is None:
+        return Capabilities((), f"{name} has no abort()")
+    latches = _abort_latches(receiver_cls)
+    if latches is None:
+        return Capabilities((), f"{name}.abort() cannot be read nor safely probed; no lever is known to work")
+    if not latches:
+        return Capabilities((), f"{name}.abort() does not latch conclude_state = Failed")
+    reads = _poll_returns_latch(receiver_cls)
+    if not reads:
+        return Capabilities((), f"{name}.poll() does not return a latched conclude_state"
+                            if reads is False else f"{name}.poll() cannot be read")
+    return Capabilities((ABORT,), "")
+
+
+def _abort_latches(receiver_cls):
+    """Whether abort() sets conclude_state = Failed: True, False or None (unknown).
+
+    Read from the source along the MRO (an override may call super().abort());
+    without source, probed on a blank instance whose abort has nobody to notify.
+    """
+    for cls in receiver_cls.__mro__:
+        fn = cls.__dict__.get("abort")
+        if fn is None:
+            continue
+        tree = capabilities._function_tree(fn)
+        if tree is None:
+            return _probe_abort(receiver_cls)
+        if _assigns(tree, "conclude_state") and capabilities._mentions(tree, "Failed"):
+            return True
+        if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "abort"
+                   for n in ast.walk(tree)):
+            return False
+    return False
+
+
+def _probe_abort(receiver_cls):
+    try:
+        blank = object.__new__(receiver_cls)
+        blank.__dict__.update({
+            "conclude_state": None, "bootstrap_room": 7, "abort_notified": True, "bootstrap_infos": None,
+            "kv_mgr": types.SimpleNamespace(record_failure=lambda *a: None, update_status=lambda *a: None,
+                                            failure_records={}, enable_deferred_decode_kv_release=False),
+        })
+        receiver_cls.abort(blank)
+        return as_poll_code(blank.__dict__.get("conclude_state")) == FAILED
+    except Exception:
+        return None
+
+
+def _poll_returns_latch(receiver_cls):
+    tree = capabilities._function_tree(getattr(receiver_cls, "poll", None))
+    if tree is not None:
+        return "conclude_state" in capabilities._attributes(tree)
+    try:
+        blank = object.__new__(receiver_cls)
+        blank.__dict__["conclude_state"] = capabilities._kvpoll("Failed", FAILED)
+        return as_poll_code(receiver_cls.poll(blank)) == FAILED
+    except Exception:
+        return None
+
+
+def _assigns(tree, attr):
+    return any(isinstance(t, ast.Attribute) and t.attr == attr
+               for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets)
+
+
+def deferred_release(manager):
+    """SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE as the manager holds it; None where it has no such thing."""
+    value = getattr(manager, "enable_deferred_decode_kv_release", None)
+    return value if isinstance(value, bool) else None
+
+
+def can_register_deferred(manager):
+    """Whether register_deferred_abort_room(room) can be called the way Scheduler.abort_request calls it."""
+    register = getattr(manager, "register_deferred_abort_room", None)
+    if not callable(register):
+        return False
+    try:
+        inspect.signature(register).bind(0)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def receiver_class(scheduler, backend):
+    """The backend's receiver class, or None until one can be seen."""
+    conn = sys.modules.get(f"sglang.srt.disaggregation.{backend}.conn")
+    if conn is not None:
+        for key, value in vars(conn).items():
+            if isinstance(value, type) and key.lower() == f"{backend}kvreceiver":
+                return value
+    for _, decode_req in queued(scheduler):
+        found = backend_receiver(getattr(decode_req, "kv_receiver", None), backend)
+        if found is not None:
+            return found
+    return None
+
+
+def backend_receiver(receiver, backend):
+    """The receiver's class if it is one of the backend's own (not a health check's)."""
+    if receiver is None or (type(receiver).__name__.startswith("Fake") and backend != "fake"):
+        return None
+    return type(receiver)
+
+
+def queues(scheduler):
+    """The live (prealloc, transfer) lists; an absent queue reads as empty."""
+    prealloc = getattr(getattr(scheduler, "disagg_decode_prealloc_queue", None), "queue", None)
+    transfer = getattr(getattr(scheduler, "disagg_decode_transfer_queue", None), "queue", None)
+    return (prealloc if prealloc is not None else ()), (transfer if transfer is not None else ())
+
+
+def queued(scheduler):
+    prealloc, transfer = queues(scheduler)
+    for decode_req in prealloc:
+        yield PREALLOC, decode_req
+    for decode_req in transfer:
+        yield TRANSFER, decode_req
+
+
+def request_room(req):
+    """The Req's room; None (health checks on some releases) reads as 0."""
+    room = getattr(req, "bootstrap_room", None)
+    return 0 if room is None else room
+
+
+# -- orders -----------------------------------------------------------------
+
+
+def apply_order(order, scheduler, capabilities_for, note_deferred):
+    """Scheduler thread: decides a decode order against the live queues and pulls the lever.
+
+    ``note_deferred(decode_req)`` remembers a room registered as a deferred abort.
+    """
+    found = next(((queue, d) for queue, d in queued(scheduler)
+                  if getattr(getattr(d, "req", None), "rid", None) == order.rid), None)
+    if found is None:
+        return not_found(order.rid, WHERE)
+    queue, decode_req = found
+    req = decode_req.req
+    room = request_room(req)
+    if order.bootstrap_room is not None and room != order.bootstrap_room:
+        return room_mismatch(order.rid, room, WHERE)
+    if is_health_check(order.rid, room, getattr(req, "bootstrap_host", None)):
+        return health_check(order.rid, room)
+    receiver = getattr(decode_req, "kv_receiver", None)
+    if receiver is None:
+        return internal_error(order.rid, "the request has no KV receiver to abort")
+    caps = capabilities_for(receiver)
+    if not caps.levers:
+        return unsupported(order.rid, caps.note)
+    view = observe_receiver(receiver, room)
+    if view.poll == SUCCESS:
+        return transfer_succeeded(order.rid, room)
+    failed = view.poll == FAILED
+    # In the prealloc queue no metadata was sent: prefill has no page to write to.
+    if queue == TRANSFER and view.transfer_started is not False and not failed and not order.prefill_stopped:
+        return transfer_live(order.rid, room, view.transfer_started)
+    manager = getattr(receiver, "kv_mgr", None)
+    would_defer = queue == TRANSFER and deferred_release(manager) is True and can_register_deferred(manager)
+    if failed:
+        result, levers = "already_failed", [ABORT] + ([DEFERRED_ABORT] if note_deferred(decode_req, None) else [])
+    elif order.dry_run:
+        result, levers = "would_flip", [ABORT] + ([DEFERRED_ABORT] if would_defer else [])
+    else:
+        reason = DEFAULT_REASON if order.reason is None else f"{DEFAULT_REASON}: {order.reason}"
+        try:
+            receiver.abort()
+        except Exception:
+            logger.exception("rid=%s bootstrap_room=%s: the receiver's abort() raised", order.rid, room)
+            return internal_error(order.rid, "the receiver's abort() raised; see the scheduler log")
+        levers = [ABORT]
+        _record_failure(manager, room, reason)
+        # What Scheduler.abort_request does after abort() for the transfer queue.
+        if would_defer and getattr(receiver, "abort_notified", False) is True:
+            try:
+                manager.register_deferred_abort_room(room)
+                levers.append(DEFERRED_ABORT)
+                note_deferred(decode_req, True)
+            except Exception:
+                logger.exception("rid=%s bootstrap_room=%s: register_deferred_abort_room raised; the pages are "
+                                 "freed without waiting for prefill's ABORT_ACK", order.rid, room)
+        result = "flipped"
+        logger.warning("rid=%s bootstrap_room=%s %s (decode %s queue, levers %s)", order.rid, room, reason, queue,
+                       ",".join(levers))
+    return Outcome(200, {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": "conclude_state",
+                         "levers": levers, "applied_unix": time.time()})
+
+
+def _record_failure(manager, room, reason):
+    # Replaces abort()'s "Aborted by AbortReq." in SGLang's "Decode transfer failed ..." line.
+    record = getattr(manager, "record_failure", None)
+    if record is None:
+        return
+    try:
+        record(room, reason)
+    except Exception:
+        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the receiver is aborted anyway", room)
+
+
+def transfer_live(rid, room, started):
+    why = ("has started and not finished" if started else
+           "may have started (this receiver does not say)")
+    return Outcome(
+        409,
+        {"result": "transfer_live", "rid": rid, "bootstrap_room": room,
+         "error": f"the KV transfer into the pages of rid {rid!r} {why}, and prefill_stopped was not asserted; "
+                  "releasing its pages now could let a late write corrupt another request. Nothing was changed"},
+    )

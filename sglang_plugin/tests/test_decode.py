@@ -1,0 +1,385 @@
+"""The real plugin on decode stand-ins: listing, release, refusals, deferred release."""
+
+import threading
+import unittest
+
+from sglang_watchdog_plugin import decode, hook
+from sglang_watchdog_plugin.orders import ForceFailOrder
+
+from . import harness, standins
+from .standins import KVPoll
+
+def unhooked_pass(scheduler):
+    """One decode pass before the plugin starts (the hooked one would start it outside the test's settings)."""
+    standins.DecodeMixin.process_decode_queue.__wrapped__(scheduler)
+
+
+WAITING_ROOM = 9223372036854775011  # prealloc queue, no transfer yet
+LIVE_ROOM = 18446744073709551557  # transfer queue, 2 of 4 chunks in
+STALLED_ROOM = 9223372036854775013  # transfer queue, metadata sent, nothing written (ABORT-before-register)
+DONE_ROOM = 9223372036854775017  # every chunk and the aux arrived; poll() has not latched it yet
+
+
+class DecodeTest(unittest.TestCase):
+    backend = "nixl"
+
+    def setUp(self):
+        self.peer = standins.PrefillPeer()
+        self.scheduler = self.make_scheduler()
+        s = self.scheduler
+        # The prealloc request never gets pages: its handshake is pending.
+        self.waiting = s.add_request("waiting-1", WAITING_ROOM, peer=self.peer, handshake=False)
+        self.live = s.add_request("live-1", LIVE_ROOM, peer=self.peer)
+        self.stalled = s.add_request("stalled-1", STALLED_ROOM, peer=self.peer)
+        self.done = s.add_request("done-1", DONE_ROOM, peer=self.peer)
+        self.health = s.add_request("HEALTH_CHECK_7.5", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None,
+                                    handshake=False)
+        self.warmup = s.add_request("warmup-1", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None, handshake=False)
+        unhooked_pass(s)  # the handshaken requests move to the transfer queue
+        mgr = s.kv_manager
+        if self.backend == "nixl":
+            mgr.receive_chunk(LIVE_ROOM, 0)
+            mgr.receive_chunk(LIVE_ROOM, 1)
+            for chunk in range(3):
+                mgr.receive_chunk(DONE_ROOM, chunk, last_of=3 if chunk == 2 else None)
+        self.peer.writing.add(LIVE_ROOM)
+        self.loop, self.monitor = harness.start_loop(s)
+        self.addCleanup(self.loop.stop)
+        self.addCleanup(self.monitor.close)
+        self.client = harness.Client(self.monitor.listener.port)
+
+    def make_scheduler(self):
+        return standins.DecodeScheduler(backend=self.backend)
+
+    def listing(self):
+        status, body = self.client.get_json()
+        self.assertEqual(status, 200)
+        return body
+
+    def rows(self):
+        return {row["rid"]: row for row in self.listing()["decode_requests"]}
+
+    def with_loop_paused(self, fn):
+        self.loop.pause()
+        try:
+            return fn()
+        finally:
+            self.loop.resume()
+
+    def test_listing_covers_both_queues(self):
+        body = self.listing()
+        self.assertEqual(body["server"]["disaggregation_mode"], "decode")
+        self.assertEqual(body["server"]["levers"], ["abort"])
+        self.assertEqual(body["server"]["lever_note"], "")
+        self.assertIs(body["server"]["deferred_release"], True)
+        self.assertEqual(body["inflight"], [])
+        self.assertEqual(body["queues"], {"bootstrap": 0, "waiting": 0, "inflight": 0, "prealloc": 3, "transfer": 3})
+        rows = {row["rid"]: row for row in body["decode_requests"]}
+        self.assertEqual(list(rows), ["waiting-1", "HEALTH_CHECK_7.5", "warmup-1", "live-1", "stalled-1", "done-1"])
+        waiting = rows["waiting-1"]
+        self.assertEqual((waiting["queue"], waiting["poll"], waiting["transfer_started"], waiting["progress"]),
+                         ("prealloc", "Bootstrapping", False, 0))
+        self.assertEqual(waiting["bootstrap_room"], WAITING_ROOM)  # 64-bit rooms survive
+        self.assertEqual(waiting["bootstrap_addr"], "10.0.0.7:8998")
+        self.assertFalse(waiting["health_check"])
+        live = rows["live-1"]
+        self.assertEqual((live["queue"], live["poll"], live["progress"], live["chunks_expected"],
+                          live["transfer_started"]), ("transfer", "WaitingForInput", 2, None, True))
+        self.assertEqual(rows["stalled-1"]["progress"], 0)
+        self.assertIs(rows["stalled-1"]["transfer_started"], True)  # metadata sent: prefill may write
+        self.assertEqual((rows["done-1"]["poll"], rows["done-1"]["chunks_expected"]), ("WaitingForInput", 3))
+        health = rows["HEALTH_CHECK_7.5"]
+        self.assertEqual((health["bootstrap_room"], health["bootstrap_addr"], health["health_check"], health["queue"],
+                          health["progress"], health["transfer_started"]), (0, "2.2.2.2", True, "prealloc", -1, False))
+        self.assertTrue(rows["warmup-1"]["health_check"])  # fake host without the rid prefix
+        self.assertGreaterEqual(waiting["age_seconds"], 0)
+
+    def test_progress_and_completion_show_on_the_next_passes(self):
+        mgr = self.scheduler.kv_manager
+
+        def land():
+            mgr.receive_chunk(DONE_ROOM, 0)  # a duplicate notification changes nothing
+            mgr.receive_aux(DONE_ROOM)
+
+        self.with_loop_paused(land)
+        harness.wait_until(lambda: "done-1" not in self.rows(), message="the completed request stayed listed")
+        self.assertEqual([r.rid for r in self.scheduler.waiting_queue], ["done-1"])
+
+        self.with_loop_paused(lambda: mgr.receive_chunk(LIVE_ROOM, 2))
+        harness.wait_until(lambda: self.rows()["live-1"]["progress"] == 3)
+
+    def test_release_from_the_prealloc_queue_is_a_bootstrap_failure(self):
+        receiver = self.waiting.kv_receiver
+        status, body = self.client.force_fail({"rid": "waiting-1", "bootstrap_room": WAITING_ROOM, "reason": "stuck"})
+        self.assertEqual((status, body["result"], body["levers"], body["lever"], body["bootstrap_room"]),
+                         (200, "flipped", ["abort"], "conclude_state", WAITING_ROOM))
+        self.assertEqual(receiver.write_threads, [self.loop.thread.ident])  # only the scheduler thread wrote
+        harness.wait_until(lambda: self.scheduler.num_bootstrap_failed_reqs == 1)
+        self.assertNotIn("waiting-1", self.rows())
+        self.assertIn(("waiting-1", 500), self.scheduler.client_answers)
+        self.assertEqual(self.scheduler.num_transfer_failed_reqs, 0)
+        self.assertEqual(self.peer.aborts, [])  # its handshake never happened: nobody to tell
+
+    def test_live_transfer_is_refused_without_prefill_stopped(self):
+        for payload in ({"rid": "live-1"}, {"rid": "live-1", "dry_run": True},
+                        {"rid": "stalled-1", "prefill_stopped": False}):
+            status, body = self.client.force_fail(payload)
+            self.assertEqual((status, body["result"]), (409, "transfer_live"), payload)
+            self.assertIn("prefill_stopped", body["error"])
+        self.assertEqual(body["bootstrap_room"], STALLED_ROOM)
+        for decode_req in (self.live, self.stalled):
+            self.assertEqual(decode_req.kv_receiver.write_threads, [])
+            self.assertIsNone(decode_req.kv_receiver.conclude_state)
+        self.assertEqual(self.peer.aborts, [])
+
+    def test_prefill_stopped_releases_with_the_deferred_abort(self):
+        status, body = self.client.force_fail({"rid": "stalled-1", "prefill_stopped": True, "dry_run": True})
+        self.assertEqual((status, body["result"], body["levers"]), (200, "would_flip", ["abort", "deferred_abort"]))
+        self.assertIsNone(self.stalled.kv_receiver.conclude_state)
+
+        receiver = self.stalled.kv_receiver
+        status, body = self.client.force_fail({"rid": "stalled-1", "bootstrap_room": STALLED_ROOM,
+                                               "prefill_stopped": True})
+        self.assertEqual((status, body["result"], body["levers"]), (200, "flipped", ["abort", "deferred_abort"]))
+        self.assertEqual(receiver.write_threads, [self.loop.thread.ident])
+        self.assertEqual(self.peer.aborts, [STALLED_ROOM])
+        harness.wait_until(lambda: self.scheduler.num_transfer_failed_reqs == 1)
+        self.assertNotIn("stalled-1", self.rows())
+        self.assertIn(("stalled-1", 500), self.scheduler.client_answers)
+        # The peer acknowledged at once (nothing of the room in flight): freed on the next pass.
+        harness.wait_until(lambda: "stalled-1" in self.scheduler.released_pages)
+        self.assertEqual(self.scheduler.deferred_timeouts, [])
+        self.assertIn("force-failed by sglang-watchdog", self.scheduler.kv_manager.failure_records[STALLED_ROOM])
+
+    def test_deferred_release_waits_for_the_ack(self):
+        receiver = self.live.kv_receiver
+        status, body = self.client.force_fail({"rid": "live-1", "prefill_stopped": True})
+        self.assertEqual((status, body["levers"]), (200, ["abort", "deferred_abort"]))
+        harness.wait_until(lambda: self.scheduler.num_transfer_failed_reqs == 1)
+        self.loop.wait_passes(5)
+        # The peer still has a chunk of the room in flight: the pages stay held.
+        self.assertNotIn("live-1", self.scheduler.released_pages)
+        self.assertTrue(self.scheduler.kv_manager._deferred_abort_ack_tracker)
+        self.with_loop_paused(lambda: self.peer.settle(LIVE_ROOM))
+        harness.wait_until(lambda: "live-1" in self.scheduler.released_pages)
+        self.assertEqual(self.scheduler.deferred_timeouts, [])
+        self.assertIsNone(self.live.kv_receiver)
+        self.assertEqual(receiver.conclude_state, KVPoll.Failed)
+
+    def test_deferred_release_times_out_without_an_ack(self):
+        self.peer.acks = False
+        clock = [0.0]
+        self.scheduler.disagg_decode_transfer_queue.clock = lambda: clock[0]
+        self.client.force_fail({"rid": "stalled-1", "prefill_stopped": True})
+        harness.wait_until(lambda: self.scheduler.num_transfer_failed_reqs == 1)
+        self.loop.wait_passes(5)
+        self.assertNotIn("stalled-1", self.scheduler.released_pages)
+        clock[0] = standins.DEFERRED_RELEASE_TIMEOUT_S
+        harness.wait_until(lambda: "stalled-1" in self.scheduler.released_pages)
+        self.assertEqual(self.scheduler.deferred_timeouts, ["stalled-1"])
+
+    def test_health_checks_and_warmups_are_never_touched(self):
+        for rid in ("HEALTH_CHECK_7.5", "warmup-1"):
+            for payload in ({"rid": rid}, {"rid": rid, "bootstrap_room": 0, "dry_run": True, "prefill_stopped": True}):
+                status, body = self.client.force_fail(payload)
+                self.assertEqual((status, body["result"], body["bootstrap_room"]), (409, "health_check", 0))
+        for decode_req in (self.health, self.warmup):
+            self.assertEqual(decode_req.kv_receiver.write_threads, [])
+            self.assertIsNone(decode_req.kv_receiver.conclude_state)
+        # Also on the scheduler thread, if the listing has not seen them yet.
+        order = ForceFailOrder("HEALTH_CHECK_7.5", None, None, False)
+        outcome = self.with_loop_paused(lambda: decode.apply_order(
+            order, self.scheduler, self.monitor.capabilities_for, self.monitor._note_deferred))
+        self.assertEqual((outcome.status, outcome.body["result"]), (409, "health_check"))
+
+    def test_succeeded_transfer_is_refused(self):
+        receiver = self.done.kv_receiver
+
+        def complete_unpolled():
+            self.scheduler.kv_manager.receive_aux(DONE_ROOM)
+            # Keep the finished request queued: poll() must not latch Success before the order is applied.
+            receiver.poll = lambda: KVPoll.WaitingForInput
+
+        self.with_loop_paused(complete_unpolled)
+        status, body = self.client.force_fail({"rid": "done-1", "prefill_stopped": True})
+        self.assertEqual((status, body["result"], body["bootstrap_room"]), (409, "transfer_succeeded", DONE_ROOM))
+        self.assertIsNone(receiver.conclude_state)
+        self.assertEqual(receiver.write_threads, [])
+
+    def test_answers_decided_on_the_http_thread(self):
+        status, body = self.client.force_fail({"rid": "nope"})
+        self.assertEqual((status, body["result"]), (404, "not_found"))
+        status, body = self.client.force_fail({"rid": "live-1", "bootstrap_room": 5})
+        self.assertEqual((status, body["result"], body["bootstrap_room"]), (409, "room_mismatch", LIVE_ROOM))
+        for bad in ("yes", None, 1):
+            status, body = self.client.force_fail({"rid": "live-1", "prefill_stopped": bad})
+            self.assertEqual((status, body["result"]), (400, "bad_request"))
+            self.assertIn("prefill_stopped", body["error"])
+
+    def test_already_failed(self):
+        def fail():
+            self.live.kv_receiver.abort()
+
+        self.with_loop_paused(lambda: (fail(), setattr(self.live.kv_receiver, "poll", lambda: KVPoll.Transferring)))
+        status, body = self.client.force_fail({"rid": "live-1", "dry_run": True})
+        self.assertEqual((status, body["result"], body["levers"]), (200, "already_failed", ["abort"]))
+
+
+class MooncakeDecodeTest(unittest.TestCase):
+    """Mooncake: Transferring once prefill started writing, never timed out there; older layout."""
+
+    def setUp(self):
+        self.peer = standins.PrefillPeer()
+        self.scheduler = standins.OldDecodeScheduler(backend="mooncake", manager=standins.DecodeKVManager(False))
+        s = self.scheduler
+        self.frozen = s.add_request("frozen-1", 77, peer=self.peer)
+        unhooked_pass(s)
+        self.frozen.kv_receiver.start_transfer()
+        self.loop, self.monitor = harness.start_loop(s)
+        self.addCleanup(self.loop.stop)
+        self.addCleanup(self.monitor.close)
+        self.client = harness.Client(self.monitor.listener.port)
+
+    def test_transferring_room_is_live_then_released_at_once_without_deferral(self):
+        _, body = self.client.get_json()
+        self.assertIs(body["server"]["deferred_release"], False)
+        self.assertEqual(body["server"]["transfer_backend"], "mooncake")
+        row = body["decode_requests"][0]
+        self.assertEqual((row["poll"], row["progress"], row["chunks_expected"], row["transfer_started"]),
+                         ("Transferring", -1, None, True))
+        status, body = self.client.force_fail({"rid": "frozen-1"})
+        self.assertEqual((status, body["result"]), (409, "transfer_live"))
+        status, body = self.client.force_fail({"rid": "frozen-1", "prefill_stopped": True})
+        self.assertEqual((status, body["levers"]), (200, ["abort"]))
+        harness.wait_until(lambda: "frozen-1" in self.scheduler.released_pages)
+        self.assertEqual(self.scheduler.num_transfer_failed_reqs, 1)
+        self.assertEqual(self.peer.aborts, [77])
+
+
+class LeverDetectionTest(unittest.TestCase):
+    def run_scheduler(self, scheduler):
+        loop, monitor = harness.start_loop(scheduler)
+        self.addCleanup(loop.stop)
+        self.addCleanup(monitor.close)
+        return harness.Client(monitor.listener.port)
+
+    def test_no_deferred_release_in_this_release(self):
+        s = standins.DecodeScheduler(backend="mooncake", manager=standins.DecodeKVManager(deferred=None))
+        s.add_request("r1", 5)
+        unhooked_pass(s)
+        client = self.run_scheduler(s)
+        _, body = client.get_json()
+        self.assertIsNone(body["server"]["deferred_release"])
+        status, body = client.force_fail({"rid": "r1", "prefill_stopped": True})
+        self.assertEqual((status, body["levers"]), (200, ["abort"]))
+
+    def test_register_that_wants_more_than_the_room_is_not_called(self):
+        s = standins.DecodeScheduler(backend="nixl", manager=standins.OlderDecodeKVManager())
+        s.kv_manager.transfer_statuses = {}
+        s.add_request("r1", 5, peer=standins.PrefillPeer())
+        unhooked_pass(s)
+        client = self.run_scheduler(s)
+        status, body = client.force_fail({"rid": "r1", "prefill_stopped": True})
+        self.assertEqual((status, body["levers"]), (200, ["abort"]))
+
+    def test_receiver_without_abort_is_unsupported(self):
+        class NixlKVReceiver(standins.NixlKVReceiver):
+            abort = None
+
+        s = standins.DecodeScheduler(backend="nixl")
+        s.add_request("r1", 5, receiver_cls=NixlKVReceiver)
+        s.add_request("HEALTH_CHECK_1", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None, handshake=False)
+        unhooked_pass(s)
+        client = self.run_scheduler(s)
+        _, body = client.get_json()
+        self.assertEqual(body["server"]["levers"], [])
+        self.assertIn("has no abort()", body["server"]["lever_note"])
+        for dry_run in (False, True):
+            status, body = client.force_fail({"rid": "r1", "dry_run": dry_run, "prefill_stopped": True})
+            self.assertEqual((status, body["result"]), (501, "unsupported"))
+        status, body = client.force_fail({"rid": "HEALTH_CHECK_1"})
+        self.assertEqual((status, body["result"]), (409, "health_check"))
+
+    def test_transfer_pass_that_raises_on_failed_is_unsupported(self):
+        class RaisingTransferQueue(standins.DecodeTransferQueue):
+            def pop_transferred(self):
+                for decode_req in self.queue:
+                    if decode_req.kv_receiver.poll() == KVPoll.Failed:
+                        raise Exception("Transfer failed")
+                return []
+
+        s = standins.DecodeScheduler(backend="nixl")
+        s.disagg_decode_transfer_queue.__class__ = RaisingTransferQueue
+        s.add_request("r1", 5)
+        client = self.run_scheduler(s)
+        _, body = client.get_json()
+        self.assertEqual(body["server"]["levers"], [])
+        self.assertIn("raises in its KVPoll.Failed branch", body["server"]["lever_note"])
+
+    def test_abort_detection_follows_super_calls(self):
+        class Wrapped(standins.NixlKVReceiver):
+            def abort(self):
+                return super().abort()
+
+        class Silent(standins.NixlKVReceiver):
+            def abort(self):
+                self.kv_mgr.record_failure(self.bootstrap_room, "noted")
+
+        self.assertEqual(decode.detect(Wrapped, "").levers, ("abort",))
+        self.assertIn("does not latch", decode.detect(Silent, "").note)
+
+    def test_only_the_decode_hook_acts_on_a_decode_scheduler(self):
+        s = standins.DecodeScheduler(backend="nixl")
+        calls = []
+        self.assertEqual(hook.around_inflight_pass(lambda sch: calls.append(1) or "x", s), "x")
+        self.assertIsNone(hook.monitor_for(s))
+        self.assertEqual(calls, [1])
+
+
+class ThreadingTest(unittest.TestCase):
+    def test_plugin_failures_never_reach_the_decode_scheduler(self):
+        from sglang_watchdog_plugin.decode_monitor import DecodeMonitor
+        from sglang_watchdog_plugin.identity import identify
+
+        class Broken(standins.DecodeScheduler):
+            breaking = False
+
+            @property
+            def disagg_decode_transfer_queue(self):
+                if self.breaking:
+                    raise RuntimeError("plugin-visible breakage")
+                return self._transfer_queue
+
+            @disagg_decode_transfer_queue.setter
+            def disagg_decode_transfer_queue(self, value):
+                self._transfer_queue = value
+
+        broken = Broken()
+        broken.breaking = True
+        monitor = DecodeMonitor(identify(broken))
+        with self.assertLogs("sglang_watchdog_plugin", "ERROR") as logs:
+            for _ in range(50):
+                monitor.before_pass(broken)
+                monitor.after_pass(broken)
+        self.assertEqual(len(logs.output), 1)  # rate-limited, not once per pass
+        self.assertEqual(monitor.iterations, 50)
+
+
+    def test_listing_never_touches_receivers(self):
+        s = standins.DecodeScheduler(backend="nixl")
+        s.add_request("r1", 5)
+        unhooked_pass(s)
+        loop, monitor = harness.start_loop(s)
+        self.addCleanup(loop.stop)
+        self.addCleanup(monitor.close)
+        receiver = s.disagg_decode_transfer_queue.queue[0].kv_receiver
+        seen = []
+        original = receiver.poll
+        receiver.poll = lambda: (seen.append(threading.get_ident()), original())[1]
+        harness.Client(monitor.listener.port).get_json()
+        loop.wait_passes(2)
+        self.assertEqual(set(seen), {loop.thread.ident})
+
+
+if __name__ == "__main__":
+    unittest.main()
