@@ -20,12 +20,27 @@
 // windows, reading the plugin listings through bench/simplugin and
 // /metrics through collector.ParseMetrics) and without it (stock SGLang):
 //
-//   - defaults: as shipped (fail-fast on, 180 a minute; restart off);
+//   - defaults: as shipped (fail-fast on, 180 a minute; restart off), and
+//     on the decode server (-decode-ranks ranks) the decode pod's own
+//     watchdog: a second watchdog.New over the decode ranks and the decode
+//     /metrics, default decode deadline (180 s) and rails, asking the
+//     prefill watchdog for verdicts through pluginapi.VerdictClient and the
+//     prefill watchdog's VerdictHandler (in memory, no sockets), as
+//     --decode.prefill-watchdog-url does;
+//   - decode-off: the same without the decode-side watchdog;
+//   - decode-180: the decode-side watchdog with --force-fail.max-per-minute=180;
 //   - ff-off: --force-fail.fail-fast=false;
 //   - restart-30m: fail-fast and --restart.mode=auto with the default
 //     --restart.min-interval (30 min);
 //   - restart-5m: the same with a 5 min interval;
 //   - stock: no watchdog.
+//
+// The decode side is reported from the simulator's ground truth: decode
+// slot hold time (Record.DecodeHold), how decode let go (force-fail, its
+// own waiting timeout, its heartbeat after a prefill restart), the decode
+// requests held as "transfer may be live" (skip transfer_live), pages freed
+// under a live transfer (Record.UnsafeFree) and late writes that landed
+// (Sim.Corruptions), by what freed the pages.
 //
 // A restart restarts the whole simulated server: the requests inside are
 // lost, and for its boot time (30 s) the listings and /metrics fail and
@@ -99,6 +114,7 @@ type options struct {
 	hcEvery      time.Duration
 	bootTime     time.Duration
 	decodeRanks  int
+	mechanisms   string
 	memprofile   string
 	cpuprofile   string
 }
@@ -115,6 +131,7 @@ func main() {
 	flag.DurationVar(&o.step, "step", 100*time.Millisecond, "simulated time between scheduler passes")
 	flag.DurationVar(&o.stockStep, "stock-step", time.Second, "simulated time between scheduler passes in the stock replay, where thousands of requests pile up behind wedged queues")
 	flag.DurationVar(&o.stockTimeout, "decode-timeout", sglangsim.DefaultDecodeWaitingTimeout, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT of decode")
+	flag.StringVar(&o.mechanisms, "mechanisms", "resurrection,abort-before-register,stuck-handle", "pin mechanisms to mix evenly (resurrection, abort-before-register, stuck-handle); without stuck-handle no transfer queue wedges")
 	flag.IntVar(&o.decodeRanks, "decode-ranks", 2, "decode ranks (scheduler processes of the decode server); the decode endpoints are spread over them")
 	flag.DurationVar(&o.bootTime, "boot-time", sglangsim.DefaultBootTime, "how long a restarted server boots (listings, /metrics and arrivals refused)")
 	flag.BoolVar(&o.sweep, "sweep", false, "also sweep deadline x stall window on the defaults configuration (12 more replays)")
@@ -186,9 +203,10 @@ func makeTrace(o options) *trace {
 	// Pins: evenly spaced slots over [2 min, end - 8 min], one pin at a
 	// random point of each slot, mechanisms in a shuffled even mix.
 	t.pins = int(math.Round(float64(o.healthy) * o.pinPct / 100))
+	mechs := pinMechanisms(o.mechanisms)
 	kinds := make([]sglangsim.Behavior, t.pins)
 	for i := range kinds {
-		kinds[i] = []sglangsim.Behavior{sglangsim.BehaviorPinResurrection, sglangsim.BehaviorPinAbortBeforeRegister, sglangsim.BehaviorPinStuckHandle}[i%3]
+		kinds[i] = mechs[i%len(mechs)]
 	}
 	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	if t.pins > 0 {
@@ -201,6 +219,23 @@ func makeTrace(o options) *trace {
 	}
 	sort.SliceStable(t.arrivals, func(i, j int) bool { return t.arrivals[i].at < t.arrivals[j].at })
 	return t
+}
+
+// pinMechanisms parses -mechanisms; main checks it first.
+func pinMechanisms(list string) []sglangsim.Behavior {
+	var out []sglangsim.Behavior
+	for _, m := range strings.Split(list, ",") {
+		if b, ok := mechanismNames[strings.TrimSpace(m)]; ok {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+var mechanismNames = map[string]sglangsim.Behavior{
+	"resurrection":          sglangsim.BehaviorPinResurrection,
+	"abort-before-register": sglangsim.BehaviorPinAbortBeforeRegister,
+	"stuck-handle":          sglangsim.BehaviorPinStuckHandle,
 }
 
 func isPinBehavior(b sglangsim.Behavior) bool {
@@ -690,6 +725,7 @@ type analysis struct {
 	// late writes that landed (Sim.Corruptions), by what freed the pages,
 	// in all and by the writer's kind.
 	unsafeFree, corrupt         map[sglangsim.DecodeEnd]int
+	decodeHealthy               []sglangsim.Record // healthy or slow requests a decode force-fail released
 	unsafeByKind, corruptByKind map[sglangsim.Kind]map[sglangsim.DecodeEnd]int
 }
 
@@ -715,6 +751,9 @@ func analyse(r *replayResult) *analysis {
 		trig := r.trigger[rec.RID]
 		f.add(rec, trig, r.heldLive[rec.RID], r.end)
 		kindOf[rec.RID] = rec.Kind
+		if rec.DecodeEnd == sglangsim.DecodeForceFail && (rec.Kind == sglangsim.KindHealthy || rec.Kind == sglangsim.KindSlow) {
+			a.decodeHealthy = append(a.decodeHealthy, rec)
+		}
 		if rec.UnsafeFree != "" {
 			a.unsafeFree[rec.UnsafeFree]++
 			count(a.unsafeByKind, rec.Kind, rec.UnsafeFree)
@@ -832,10 +871,16 @@ func dist(ds []time.Duration) string {
 
 func run(o options) int {
 	t0 := time.Now()
+	for _, m := range strings.Split(o.mechanisms, ",") {
+		if _, ok := mechanismNames[strings.TrimSpace(m)]; !ok {
+			fmt.Fprintf(os.Stderr, "-mechanisms: unknown mechanism %q (want resurrection, abort-before-register, stuck-handle)\n", m)
+			return 2
+		}
+	}
 	tr := makeTrace(o)
 	fmt.Printf("# Detection quality, seed %d\n\n", o.seed)
-	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, the three mechanisms evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
-		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
+	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, %s evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
+		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.mechanisms, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
 
 	all := configs(o)
 	type job struct {
@@ -1135,6 +1180,20 @@ func run(o options) int {
 				break
 			}
 			fmt.Printf("  FALSE FORCE-FAIL %s rank %d %s entered %s forced %s trigger %s\n", m.Kind, m.Rank, m.RID, m.EnteredInflight.Sub(epoch), m.ForcedAt.Sub(epoch), r.trigger[m.RID])
+		}
+		if n := len(a.decodeHealthy); n > 0 {
+			starved, inTime, outcomes := 0, 0, map[string]int{}
+			for _, m := range a.decodeHealthy {
+				if m.EnteredInflight.IsZero() || m.EnteredInflight.After(m.DecodeForcedAt) {
+					starved++
+				}
+				if m.Outcome == sglangsim.OutcomeSuccess && m.Left.Sub(m.DecodeAdmitted) < o.stockTimeout {
+					inTime++
+				}
+				outcomes[string(m.Outcome)]++
+			}
+			fmt.Printf("  DECODE FORCE-FAILS OF HEALTHY OR SLOW REQUESTS: %d; not yet in prefill's inflight queue when decode released them: %d; their prefill outcome: %s; prefill transfer done within decode's %s timeout (stock decode would have served them): %d\n",
+				n, starved, a2s(outcomes), o.stockTimeout, inTime)
 		}
 		for j, u := range a.undiagnosed {
 			if j == 10 {

@@ -1,6 +1,7 @@
 // Package simplugin adapts an in-process, Step-driven sglangsim.Sim to the
 // watchdog's PluginSource and Restarter interfaces (Target, Inflight,
-// ForceFail, Restart) without HTTP, for benchmarks and the detection-quality replay. It depends only on
+// ForceFail, Restart), and its decode ranks to PluginSource, without
+// HTTP, for benchmarks and the detection-quality replay. It depends only on
 // sglangsim and pluginapi, so that the watchdog's own package-internal
 // benchmarks can use it.
 package simplugin
