@@ -162,19 +162,6 @@ var exactFields = map[string]bool{
 	"transfer_tracking": true,
 }
 
-// pythonLacksTracking drops server.transfer_tracking from the simulator's
-// answer when the Python plugin's has none: the simulator reports it, the
-// Python plugin adds it in a later merge. This is the only field a side may
-// lack, and only the Python side; once Python reports it, it is compared by
-// value like every exact field.
-func pythonLacksTracking(py answerShape, gs *answerShape) {
-	const f = ".server.transfer_tracking"
-	if _, ok := py.Fields[f]; !ok {
-		delete(gs.Fields, f)
-		delete(gs.Values, f)
-	}
-}
-
 // movingProgress is the one room whose progress advances with time in both
 // parity scenes; its progress is compared by type.
 const movingProgress = "healthy-0002"
@@ -293,8 +280,7 @@ func do(t *testing.T, base string, e exchange) answerShape {
 // without this test failing. Rules where equal values may look different:
 // an empty lever_note and none are the same (see shape), a non-empty one is
 // a sentence in each side's words, as error is; healthy-0002's progress
-// moves with time; server.transfer_tracking may be absent on the Python
-// side only (pythonLacksTracking). A Success room (409 transfer_succeeded) is not compared:
+// moves with time. A Success room (409 transfer_succeeded) is not compared:
 // SGLang's next pass releases a room whose status is Success, so neither
 // scene can hold one still for an order to find.
 func TestGoSimulatorAndPythonPluginAnswerAlike(t *testing.T) {
@@ -352,7 +338,6 @@ func compare(t *testing.T, pyURL, goURL string, exchanges []exchange) {
 	t.Helper()
 	for _, e := range exchanges {
 		py, gs := do(t, pyURL, e), do(t, goURL, e)
-		pythonLacksTracking(py, &gs)
 		if !reflect.DeepEqual(py, gs) {
 			t.Errorf("%s: the Python plugin and the simulator differ\n python:    %s\n simulator: %s", e.name, dump(py), dump(gs))
 		}
@@ -389,7 +374,6 @@ func TestGoSimulatorAndPythonPluginAnswerAlikeOnOlderEras(t *testing.T) {
 				ff("dry run, warm-up", `{"rid":"`+sglangsim.ParityWarmupRID+`","dry_run":true}`),
 			})
 			py, gs := do(t, pyURL, listing), do(t, goURLs[0], listing)
-			pythonLacksTracking(py, &gs)
 			if py.Values[".queues.inflight"] != json.Number("4") || !reflect.DeepEqual(py.Values, gs.Values) {
 				t.Errorf("after the refused orders:\n python:    %s\n simulator: %s", dump(py), dump(gs))
 			}
