@@ -30,11 +30,19 @@ const parityToken = "parity-token"
 // the first stage's; the second stage listens on the next port).
 func startStandin(t *testing.T, backend, tokenFile string, args ...string) (string, string) {
 	t.Helper()
+	return startStandinScript(t, "standin_server.py", backend, tokenFile, args...)
+}
+
+// startStandinScript runs one of the stand-in servers of sglang_plugin/tests
+// (standin_server.py, standin_decode_server.py: both take the same
+// listener flags and print the same READY line).
+func startStandinScript(t *testing.T, script, backend, tokenFile string, args ...string) (string, string) {
+	t.Helper()
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatal("python3 not found: install the Debian package python3 (scripts/deps.sh does)")
 	}
-	cmd := exec.Command(python, append([]string{filepath.Join(repoRoot, "sglang_plugin", "tests", "standin_server.py"),
+	cmd := exec.Command(python, append([]string{filepath.Join(repoRoot, "sglang_plugin", "tests", script),
 		"--port", "0", "--metrics-port", "0", "--backend", backend, "--token-file", tokenFile}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
