@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -224,6 +225,70 @@ func TestPythonDecodePluginWithTheWatchdog(t *testing.T) {
 			if ps := prefill.Snapshot(); ps.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] != 1 || ps.LedgerRooms != 1 {
 				t.Errorf("prefill: force-fails %v, ledger %d rooms", ps.ForceFails, ps.LedgerRooms)
 			}
+		})
+	}
+}
+
+// sceneFree keeps the parts of a decode listing that do not depend on the
+// scene: the server, the api version, the prefill fields that are empty on
+// decode and the types of the loop fields.
+func sceneFree(a answerShape) answerShape {
+	out := answerShape{Status: a.Status, Text: a.Text, Fields: map[string]string{}, Values: map[string]interface{}{}}
+	for k, typ := range a.Fields {
+		if strings.HasPrefix(k, ".decode_requests") || k == ".queues.prealloc" || k == ".queues.transfer" {
+			continue
+		}
+		out.Fields[k] = typ
+		if v, ok := a.Values[k]; ok {
+			out.Values[k] = v
+		}
+	}
+	return out
+}
+
+// TestGoSimulatorAndPythonDecodePluginAnswerAlike compares the simulator's
+// decode listener with the real plugin on the decode stand-in where their
+// scenes cannot differ: the listing's server block and the fields a decode
+// listing keeps empty, and every answer decided before a request is looked
+// up (token, body, prefill_stopped's type, an unknown rid). The scenes
+// themselves are not comparable: the simulator's decode queues fill from
+// its prefill traffic (none in its parity scene), the stand-in's hold a
+// fixed set of requests.
+func TestGoSimulatorAndPythonDecodePluginAnswerAlike(t *testing.T) {
+	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
+		t.Run(backend, func(t *testing.T) {
+			pyURL, _ := startStandinScript(t, "standin_decode_server.py", backend, tokenFile(t, parityToken))
+			sim, err := sglangsim.New(sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			sim.Start(ctx)
+			_, goURLs, err := sim.ListenDecode(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			listing := exchange{name: "listing", method: http.MethodGet, path: pluginapi.PathInflight}
+			py, gs := sceneFree(do(t, pyURL, listing)), sceneFree(do(t, goURLs[0], listing))
+			if py.Values[".server.disaggregation_mode"] != pluginapi.ModeDecode || !reflect.DeepEqual(py, gs) {
+				t.Errorf("decode listings differ\n python:    %s\n simulator: %s", dump(py), dump(gs))
+			}
+			ff := func(name, auth, body string) exchange {
+				return exchange{name: name, method: http.MethodPost, path: pluginapi.PathForceFail, auth: auth, body: body}
+			}
+			bearer := "Bearer " + parityToken
+			compare(t, pyURL, goURLs[0], []exchange{
+				{name: "healthz", method: http.MethodGet, path: pluginapi.PathHealthz},
+				ff("no token", "", `{"rid":"`+decodeLiveRID+`"}`),
+				ff("wrong token", "Bearer nope", `{"rid":"`+decodeLiveRID+`"}`),
+				ff("not json", bearer, `not json`),
+				ff("no rid", bearer, `{}`),
+				ff("prefill_stopped not a bool", bearer, `{"rid":"`+decodeLiveRID+`","prefill_stopped":"yes"}`),
+				ff("prefill_stopped null", bearer, `{"rid":"`+decodeLiveRID+`","prefill_stopped":null}`),
+				ff("unknown rid", bearer, `{"rid":"nobody"}`),
+				ff("unknown rid, prefill stopped", bearer, `{"rid":"nobody","prefill_stopped":true}`),
+			})
 		})
 	}
 }

@@ -167,7 +167,7 @@ var exactFields = map[string]bool{
 	"levers": true, "lever_note": true, "pp_size": true, "transfer_queues": true,
 	"transfer_in_flight": true, "transfer_queue": true, "outstanding_chunks": true,
 	// Round 3.
-	"transfer_tracking": true,
+	"transfer_tracking": true, "deferred_release": true,
 }
 
 // movingProgress is the one room whose progress advances with time in both
