@@ -110,6 +110,13 @@ func realClockWatchdog(t *testing.T, metricsURL, token string, pluginURLs []stri
 		// with the rest of the test suite.
 		Metrics: collector.NewMetricsScraper(metricsURL, 2*time.Second),
 	}
+	return runWatchdog(t, cfg, token, pluginURLs, admin)
+}
+
+// runWatchdog points cfg at the plugin URLs (admin calls through admin)
+// and runs the watchdog until the test ends.
+func runWatchdog(t *testing.T, cfg watchdog.Config, token string, pluginURLs []string, admin *adminRecorder) *watchdog.Watchdog {
+	t.Helper()
 	for i, u := range pluginURLs {
 		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{
 			Timeout: 2 * time.Second, AdminTimeout: 10 * time.Second, Token: token, AdminTransport: admin.transport(i)}))

@@ -156,7 +156,9 @@ func prometheusAlertmanagerEndToEnd(t *testing.T, prometheus, alertmanager strin
 	// SGLang, newest era (kv_transfer_* histograms), with a pin on rank 0.
 	sim, metricsURL, pluginURLs := simServer(t, sglangsim.Options{
 		Clock: clock.Real{}, Era: sglangsim.EraNewest, Seed: 3, HookRunsWhenEmpty: true,
-		ArrivalRate: 4, TransferMedian: 200 * time.Millisecond,
+		// Healthy transfers are capped at 100 medians (10 s), under the
+		// deadline below, so that only the pin can be stuck.
+		ArrivalRate: 4, TransferMedian: 100 * time.Millisecond,
 	})
 	_, pinRoom := sim.Inject(0, sglangsim.PinResurrection)
 
@@ -164,7 +166,7 @@ func prometheusAlertmanagerEndToEnd(t *testing.T, prometheus, alertmanager strin
 	hookToken := tokenFile(t, "am-route-Tok_5d2f9")
 	wd := startWatchdog(t, append([]string{"--sglang.metrics-url=" + metricsURL,
 		"--sglang.metrics-interval=2s", "--sglang.timeout=1s", "--force-fail.mode=dry-run",
-		"--watchdog.deadline=5s", "--watchdog.stall-window=3s", "--watchdog.pin-window=10s",
+		"--watchdog.deadline=15s", "--watchdog.stall-window=5s", "--watchdog.pin-window=10s",
 		"--alertmanager.webhook", "--alertmanager.webhook.token-file=" + hookToken,
 		"--alertmanager.webhook.match-label=pod=sglang-prefill-0", "--alertmanager.webhook.match-label=namespace=llm"},
 		pluginArgs(pluginURLs)...)...)
@@ -236,7 +238,7 @@ scrape_configs:
 		}
 	}
 	if !wd.has(t, `sglang_watchdog_force_fails_total{result="would_flip",role="prefill",trigger="auto"} 1`) {
-		t.Errorf("dry-run did not make exactly one would_flip call")
+		t.Errorf("dry-run did not make exactly one would_flip call; the watchdog's force-fail series:\n%s", grepLines(wd.metrics(t), "sglang_watchdog_force_fail"))
 	}
 
 	// The shipped route delivers the alert to the watchdog, which releases
@@ -340,4 +342,15 @@ func quoteAll(ss []string) []string {
 		out[i] = fmt.Sprintf("%q", s)
 	}
 	return out
+}
+
+// grepLines returns the lines of text that contain substr, for failure messages.
+func grepLines(text, substr string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, substr) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -183,6 +183,18 @@ def queue_key(manager):
     return QueueKey(count, None)
 
 
+def transfer_tracking(manager):
+    """Whether this manager counts each room's outstanding chunks, which transfer_in_flight then reads.
+
+    The newest NIXL, Mooncake and Mori prefill managers keep the count in
+    ``_staging_outstanding`` (incremented when a transfer worker dequeues a
+    chunk, decremented once it settled); older managers have none, and a
+    ``transfer_in_flight`` of false from them proves nothing.
+    """
+    counts = getattr(manager, "_staging_outstanding", None)
+    return counts is not None and callable(getattr(counts, "get", None))
+
+
 def queue_of(key, manager, room):
     """The queue index of a room, or None where it cannot be computed (now)."""
     rule = key.rule

@@ -99,6 +99,9 @@ class Monitor:
         # Levers of the backend's sender class; None until a sender of it is seen.
         self.capabilities = None
         self.transfer_queues = None
+        # Whether transfer_in_flight reads the manager's per-room count of
+        # outstanding chunks; False (proves nothing) until a manager is seen.
+        self.transfer_tracking = False
         # The parent at load, as SGLang's peer recovery records it: a process
         # re-parented since then must not signal its new parent.
         self.parent_pid = os.getppid()
@@ -140,6 +143,7 @@ class Monitor:
             manager = getattr(getattr(scheduler, "disagg_prefill_bootstrap_queue", None), "kv_manager", None)
             if manager is not None:
                 self.transfer_queues = self._queue_key(manager).count
+                self.transfer_tracking = capabilities.transfer_tracking(manager)
         except Exception as e:  # never guess: no lever until the code can be read
             logger.exception("sglang-watchdog plugin could not work out the levers of this SGLang")
             self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
@@ -316,6 +320,8 @@ class Monitor:
         key = self._queue_key(manager)
         if self.transfer_queues is None and key.count is not None:
             self.transfer_queues = key.count
+        if not self.transfer_tracking:
+            self.transfer_tracking = capabilities.transfer_tracking(manager)
         return capabilities.queue_of(key, manager, room)
 
     def _log_error(self, where):
@@ -354,6 +360,7 @@ class Monitor:
                 "lever_note": caps.note if caps is not None else _NO_SENDER_YET,
                 "pp_size": ident.pp_size,
                 "transfer_queues": self.transfer_queues,
+                "transfer_tracking": self.transfer_tracking,
             },
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},

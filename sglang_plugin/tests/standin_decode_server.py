@@ -2,7 +2,7 @@
 
     python3 sglang_plugin/tests/standin_decode_server.py --port 0 --metrics-port 0 \\
         [--token-file FILE] [--backend nixl|mooncake] [--deferred-release on|off|absent]
-        [--prefill-acks yes|no] [--deferred-timeout SECONDS] [--allow-restart]
+        [--prefill-acks yes|no] [--deferred-timeout SECONDS] [--live-room ROOM] [--allow-restart]
 
 The plugin is installed on the stand-in decode mixin exactly as the .pth
 loader installs it on SGLang's ``SchedulerDisaggregationDecodeMixin``, reads
@@ -31,6 +31,10 @@ Options:
   it never answers (a dead or wedged prefill).
 * ``--deferred-timeout`` (30): seconds a deferred release waits for the
   ABORT_ACK before it frees the pages anyway.
+* ``--live-room`` (18446744073709551557): the bootstrap_room of
+  live-0002. Cross-language tests set it to a room of the prefill
+  stand-in's parity scene (pinned-0001's 9223372036854775001), so that a
+  prefill watchdog that released that room can answer "stopped" for it.
 * ``--allow-restart``: sets SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1, as in
   standin_server.py (the SIGQUIT to the parent is logged, not sent).
 
@@ -106,7 +110,7 @@ LIVE_ROOM = 18446744073709551557
 HEALTHY_ROOM = 9223372036854775019
 
 
-def decode_scenario(backend, deferred, acks, deferred_timeout):
+def decode_scenario(backend, deferred, acks, deferred_timeout, live_room=LIVE_ROOM):
     """Builds the scheduler and the per-pass tick of the "decode" scene."""
     manager = (standins.NixlDecodeKVManager if backend == "nixl" else standins.DecodeKVManager)(deferred)
     scheduler = standins.DecodeScheduler(backend=backend, manager=manager)
@@ -116,14 +120,14 @@ def decode_scenario(backend, deferred, acks, deferred_timeout):
     scheduler.add_request("HEALTH_CHECK_1764403200.0", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None,
                           handshake=False)
     scheduler.add_request("warmup-0005", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None, handshake=False)
-    live = scheduler.add_request("live-0002", LIVE_ROOM, host="10.0.0.8", peer=peer)
+    live = scheduler.add_request("live-0002", live_room, host="10.0.0.8", peer=peer)
     healthy = scheduler.add_request("healthy-0003", HEALTHY_ROOM, host="10.0.0.7", peer=peer)
     # One pass before the plugin starts: the handshaken requests get pages and move to the transfer queue.
     standins.DecodeMixin.process_decode_queue.__wrapped__(scheduler)
-    peer.writing.add(LIVE_ROOM)  # its third chunk never settles
+    peer.writing.add(live_room)  # its third chunk never settles
     if backend == "nixl":
-        manager.receive_chunk(LIVE_ROOM, 0)
-        manager.receive_chunk(LIVE_ROOM, 1)
+        manager.receive_chunk(live_room, 0)
+        manager.receive_chunk(live_room, 1)
     else:
         live.kv_receiver.start_transfer()
         healthy.kv_receiver.start_transfer()
@@ -193,10 +197,13 @@ def main():
     parser.add_argument("--deferred-release", choices=("on", "off", "absent"), default="on")
     parser.add_argument("--prefill-acks", choices=("yes", "no"), default="yes")
     parser.add_argument("--deferred-timeout", type=float, default=standins.DEFERRED_RELEASE_TIMEOUT_S)
+    parser.add_argument("--live-room", type=int, default=LIVE_ROOM)
     parser.add_argument("--allow-restart", action="store_true")
     args = parser.parse_args()
     if args.deferred_timeout <= 0:
         parser.error("--deferred-timeout must be above 0")
+    if not 0 < args.live_room < 2**64 or args.live_room in (WAITING_ROOM, HEALTHY_ROOM):
+        parser.error("--live-room must be a room below 2^64, above 0 and not another request's")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     os.environ.update({
@@ -208,7 +215,8 @@ def main():
     })
     hook.install(standins.DecodeMixin, hook.DECODE_METHOD)
     deferred = {"on": True, "off": False, "absent": None}[args.deferred_release]
-    scheduler, tick = decode_scenario(args.backend, deferred, args.prefill_acks == "yes", args.deferred_timeout)
+    scheduler, tick = decode_scenario(args.backend, deferred, args.prefill_acks == "yes", args.deferred_timeout,
+                                      args.live_room)
     loop = standins.SchedulerLoop(scheduler, interval=PASS_INTERVAL_S, before_pass=tick).start()
     loop.wait_passes(1)
     monitor = hook.monitor_for(scheduler)

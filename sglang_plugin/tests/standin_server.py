@@ -22,7 +22,8 @@ Options (all default to the scene described below):
   with a ``lever_note`` naming update_status and conclude_state; every
   force-fail of a listed non-health-check rid answers ``501 unsupported``
   and changes nothing; ``transfer_queues`` is null, every room has
-  ``transfer_in_flight`` false and ``transfer_queue`` null.
+  ``transfer_in_flight`` false and ``transfer_queue`` null;
+  ``transfer_tracking`` false (the manager counts nothing).
   ``early``: the earliest scheduler, whose Failed branch raises, with the
   backend's newest senders. ``server.levers`` is ``[]`` with a note saying
   the Failed branch raises; force-fails answer ``501 unsupported``.
@@ -52,7 +53,9 @@ Scenario "parity" (fixed and deterministic; sglangsim implements the same):
   a pass every 10 ms. Bootstrap and waiting queues are empty.
 * Round 2 fields: ``server.levers`` ``["abort", "_send_failed"]`` (nixl) or
   ``["abort"]`` (mooncake), ``lever_note`` "", ``pp_size`` 1,
-  ``transfer_queues`` 4; ``orphaned_transfers`` []. ``transfer_in_flight``
+  ``transfer_queues`` 4, ``transfer_tracking`` true (both managers count
+  each room's outstanding chunks, ``_staging_outstanding``; also on
+  ``--era early``); ``orphaned_transfers`` []. ``transfer_in_flight``
   is true for healthy-0002 (a chunk of its transfer is always outstanding)
   and false for the others; ``transfer_queue`` 2 for pinned-0001 (one
   destination, decode port 17002), 1 for healthy-0002 (port 17001), null for

@@ -90,6 +90,18 @@ class LeversPerEraTest(Serving, unittest.TestCase):
         loop.wait_passes(3)
         self.assertEqual(client.get_json()[1]["server"]["levers"], ["abort", "_send_failed"])
 
+    def test_tracking_waits_for_the_first_backend_manager(self):
+        # No manager on the bootstrap queue at load: false until a sender's manager is seen.
+        for backend, manager, sender in (
+                ("mooncake", standins.KVManager(), standins.MooncakeKVSender),
+                ("nixl", standins.NewestNixlKVManager(), standins.NixlKVSender)):
+            s = standins.NewScheduler(backend=backend)
+            loop, monitor, client = self.start(s)
+            self.assertIs(client.get_json()[1]["server"]["transfer_tracking"], False, backend)
+            s.disagg_prefill_inflight_queue.append(standins.Req("late", ROOM, sender(manager, ROOM)))
+            loop.wait_passes(3)
+            self.assertIs(client.get_json()[1]["server"]["transfer_tracking"], True, backend)
+
 
 class DetectionTest(unittest.TestCase):
     def test_failed_branch_per_era(self):
@@ -153,6 +165,16 @@ class DetectionTest(unittest.TestCase):
         self.assertEqual(capabilities.queue_of(capabilities.queue_key(mori), mori, 21), 5)
         self.assertEqual(capabilities.queue_key(standins.Mid2025NixlKVManager()), capabilities.QueueKey(None, None))
 
+    def test_transfer_tracking(self):
+        self.assertTrue(capabilities.transfer_tracking(standins.NewestNixlKVManager()))
+        self.assertTrue(capabilities.transfer_tracking(standins.KVManager()))  # Mooncake
+        self.assertTrue(capabilities.transfer_tracking(types.SimpleNamespace(_staging_outstanding={})))  # Mori
+        self.assertFalse(capabilities.transfer_tracking(standins.Mid2025NixlKVManager()))
+        self.assertFalse(capabilities.transfer_tracking(standins.FakeKVManager()))
+        self.assertFalse(capabilities.transfer_tracking(None))
+        # Something else under that name is no count the plugin can read.
+        self.assertFalse(capabilities.transfer_tracking(types.SimpleNamespace(_staging_outstanding=3)))
+
 
 class TransferFieldsTest(Serving, unittest.TestCase):
     def test_in_flight_queue_and_orphans(self):
@@ -167,6 +189,7 @@ class TransferFieldsTest(Serving, unittest.TestCase):
 
         _, listing = client.get_json()
         self.assertEqual(listing["server"]["transfer_queues"], 4)
+        self.assertIs(listing["server"]["transfer_tracking"], True)
         rooms = {room["rid"]: room for room in listing["inflight"]}
         self.assertEqual((rooms["wedged"]["transfer_in_flight"], rooms["wedged"]["transfer_queue"]), (True, 3))
         self.assertEqual((rooms["idle"]["transfer_in_flight"], rooms["idle"]["transfer_queue"]), (False, 0))
@@ -191,6 +214,7 @@ class TransferFieldsTest(Serving, unittest.TestCase):
         _, _, client = self.start(s)
         listing = client.get_json()[1]
         self.assertIsNone(listing["server"]["transfer_queues"])
+        self.assertIs(listing["server"]["transfer_tracking"], False)  # its false transfer_in_flight proves nothing
         room = listing["inflight"][0]
         self.assertEqual((room["transfer_in_flight"], room["transfer_queue"]), (False, None))
 

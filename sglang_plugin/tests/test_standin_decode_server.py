@@ -84,6 +84,20 @@ class StandinDecodeServerTest(unittest.TestCase):
         status, body = client.force_fail({"rid": "live-0002", "prefill_stopped": True, "dry_run": True})
         self.assertEqual((status, body["result"], body["levers"]), (200, "would_flip", ["abort"]))
 
+    def test_live_room(self):
+        # The room of the prefill parity scene's pinned-0001, as the Go tests pass it.
+        proc, client = self.launch("--live-room", "9223372036854775001")
+        live = self.rows(client)["live-0002"]
+        self.assertEqual((live["bootstrap_room"], live["transfer_started"]), (9223372036854775001, True))
+        status, body = client.force_fail({"rid": "live-0002", "bootstrap_room": 9223372036854775001})
+        self.assertEqual((status, body["result"]), (409, "transfer_live"))
+
+    def test_live_room_must_be_free(self):
+        for room in ("0", "9223372036854775011", str(2**64)):
+            proc = subprocess.run([sys.executable, SCRIPT, "--live-room", room], capture_output=True, timeout=30)
+            self.assertEqual(proc.returncode, 2, room)
+            self.assertIn(b"--live-room", proc.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
