@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +31,7 @@ type demoOptions struct {
 }
 
 func addDemoFlags(app *kingpin.Application, d *demoOptions) {
-	cmd := app.Command("demo", "Run the SGLang simulator and the watchdog together on loopback, inject the three pin mechanisms, and narrate detection and release.")
+	cmd := app.Command("demo", "Run the SGLang simulator (prefill and decode servers) and two watchdogs (prefill pod, decode pod) together on loopback, inject the three pin mechanisms, and narrate detection and release on both sides.")
 	cmd.Flag("demo.ranks", "Prefill DP ranks to simulate, one plugin listener each.").Default("2").IntVar(&d.ranks)
 	cmd.Flag("demo.duration", "How long to run; 0 runs until interrupted.").Default("75s").DurationVar(&d.duration)
 	cmd.Flag("demo.era", "SGLang /metrics label era: name, model_name, engine_type, v0.5 or newest.").Default(sglangsim.EraV05).EnumVar(&d.era,
@@ -44,15 +46,19 @@ func addDemoFlags(app *kingpin.Application, d *demoOptions) {
 // Windows of the demo: short, so that a pin is caught within half a
 // minute. The restart interval and the boot time are short too, so that
 // the whole escalation fits the demo (the shipped default interval is 30
-// minutes; a real server boots in minutes).
+// minutes; a real server boots in minutes). The decode deadline (shipped
+// 180 s) sits between the prefill deadline and the point where prefill
+// releases a pin (deadline + stall window), so that the decode side asks
+// for a verdict both before and after prefill's release.
 const (
-	demoDeadline     = 20 * time.Second
-	demoStallWindow  = 10 * time.Second
-	demoPinWindow    = 30 * time.Second
-	demoMetricsEvery = 5 * time.Second
-	demoRestartEvery = 2 * time.Minute
-	demoBootTime     = 10 * time.Second
-	demoToken        = "demo-token"
+	demoDeadline       = 20 * time.Second
+	demoDecodeDeadline = 25 * time.Second
+	demoStallWindow    = 10 * time.Second
+	demoPinWindow      = 30 * time.Second
+	demoMetricsEvery   = 5 * time.Second
+	demoRestartEvery   = 2 * time.Minute
+	demoBootTime       = 10 * time.Second
+	demoToken          = "demo-token"
 	// demoHungAfter: a room queued behind the wedge this long before the
 	// end and still there counts as hung (younger ones may be failed on
 	// the next cycle).
@@ -65,6 +71,103 @@ type narrator struct {
 	out       io.Writer
 	start     time.Time
 	restarted bool // a restart escalation ended the server
+	sim       *sglangsim.Sim
+	// pins are the injected pins' names by rid, pinRooms their rooms; the
+	// decode side is narrated for them only (the rooms failed fast on
+	// prefill are counted in the summary).
+	pins     map[string]string
+	pinRooms map[uint64]bool
+	// verdicts is the last prefill verdict the decode-side watchdog got
+	// for each room.
+	verdicts map[uint64]pluginapi.RoomVerdict
+}
+
+func (n *narrator) pin(rid string) (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	name, ok := n.pins[rid]
+	return name, ok
+}
+
+func (n *narrator) record(rid string) (sglangsim.Record, bool) {
+	for _, r := range n.sim.Records() {
+		if r.RID == rid {
+			return r, true
+		}
+	}
+	return sglangsim.Record{}, false
+}
+
+func (n *narrator) verdict(room uint64) (pluginapi.RoomVerdict, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	v, ok := n.verdicts[room]
+	return v, ok
+}
+
+// narratedVerdicts is the decode-side watchdog's verdict source: the real
+// HTTP client of --decode.prefill-watchdog-url, with each new answer for
+// a pin's room narrated.
+type narratedVerdicts struct {
+	*pluginapi.VerdictClient
+	n   *narrator
+	url string
+}
+
+func (v narratedVerdicts) Verdict(ctx context.Context, addr string, room uint64) (pluginapi.RoomVerdict, error) {
+	ans, err := v.VerdictClient.Verdict(ctx, addr, room)
+	if err != nil {
+		return ans, err
+	}
+	v.n.mu.Lock()
+	last, seen := v.n.verdicts[room]
+	v.n.verdicts[room] = ans
+	pin := v.n.pinRooms[room]
+	v.n.mu.Unlock()
+	if pin && (!seen || last.Verdict != ans.Verdict) {
+		v.n.say("VERDICT      room=%d: the prefill watchdog (%s/api/v1/rooms/%d) answers %q: %s", room, v.url, room, ans.Verdict, ans.Reason)
+	}
+	return ans, err
+}
+
+// decodeEvent narrates the decode-side watchdog's events on the pins'
+// decode requests.
+func (n *narrator) decodeEvent(e watchdog.Event) {
+	name, ok := n.pin(e.RID)
+	if !ok {
+		return
+	}
+	who := fmt.Sprintf("decode dp%d rid=%.12s room=%d (%s)", e.DPRank, e.RID, e.Room, name)
+	switch e.Kind {
+	case watchdog.EventStuck:
+		n.say("DECODE STUCK %s: %.0fs in decode's queues (%s), nothing moved", who, e.Age, e.Poll)
+	case watchdog.EventSkipped:
+		if e.Reason == watchdog.SkipTransferLive {
+			v, _ := n.verdict(e.Room)
+			n.say("HELD         %s: transfer may be live (prefill verdict %q): its pages stay, SGLang's own timeout (%s + %s deferred) or a \"stopped\" verdict ends it", who, v.Verdict, sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout)
+			return
+		}
+		n.say("DECODE NOT ACTED %s: %s", who, e.Reason)
+	case watchdog.EventForceFail:
+		why := "its transfer never started, nothing can write into its pages"
+		if v, ok := n.verdict(e.Room); ok && v.Verdict == pluginapi.VerdictStopped {
+			why = "prefill verdict stopped"
+		}
+		n.say("DECODE FORCE-FAIL %s: %s (%s)", who, e.Result, why)
+	case watchdog.EventReleased:
+		why := "transfer never started"
+		if v, ok := n.verdict(e.Room); ok && v.Verdict == pluginapi.VerdictStopped {
+			why = "prefill verdict stopped"
+		}
+		r, _ := n.record(e.RID)
+		if r.DecodeHold() > 0 {
+			n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; slot freed %.0f s after admission (stock SGLang: %.0f s)", e.DPRank, e.RID, e.Room, why, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout.Seconds())
+			return
+		}
+		n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; request failed %.0f s after admission, its pages held until prefill acknowledges the ABORT (deferred release, at most %s)", e.DPRank, e.RID, e.Room, why, e.Age, sglangsim.DeferredReleaseTimeout)
+	case watchdog.EventUnconfirmed:
+		n.say("DECODE UNCONFIRMED %s: lever set but the release was not seen", who)
+	}
 }
 
 func (n *narrator) say(format string, args ...interface{}) {
@@ -131,19 +234,27 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 		ctx, cancel = context.WithTimeout(ctx, d.duration)
 		defer cancel()
 	}
-	n := &narrator{out: stdout, start: time.Now()}
 	sim, err := sglangsim.New(sglangsim.Options{
 		Clock: clock.Real{}, DPSize: d.ranks, Era: d.era, Backend: d.backend, Seed: 1,
 		ArrivalRate: 3, TransferMedian: 300 * time.Millisecond, SlowFraction: 0.03, SlowChunkEvery: 3 * time.Second,
 		HealthCheckEvery: 10 * time.Second, HookRunsWhenEmpty: d.era == sglangsim.EraNewest,
 		Token: demoToken, AllowRestart: true, BootTime: demoBootTime,
+		// Prefill's bootstrap server on loopback: the decode-side watchdog
+		// asks the watchdog at that host for its verdicts.
+		BootstrapAddr: "127.0.0.1:8998",
 	})
 	if err != nil {
 		fmt.Fprintf(stdout, "simulator: %v\n", err)
 		return 1
 	}
+	n := &narrator{out: stdout, start: time.Now(), sim: sim, pins: map[string]string{}, pinRooms: map[uint64]bool{}, verdicts: map[uint64]pluginapi.RoomVerdict{}}
 	sim.Start(ctx)
 	metricsURL, pluginURLs, err := sim.Listen(ctx)
+	if err != nil {
+		fmt.Fprintf(stdout, "simulator: %v\n", err)
+		return 1
+	}
+	decodeMetricsURL, decodeURLs, err := sim.ListenDecode(ctx)
 	if err != nil {
 		fmt.Fprintf(stdout, "simulator: %v\n", err)
 		return 1
@@ -182,6 +293,13 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 		fmt.Fprintf(stdout, "watchdog: %v\n", err)
 		return 1
 	}
+	_, port, _ := net.SplitHostPort(srv.listeners[0].Addr().String())
+	verdictURL := "http://{host}:" + port
+	dwd, err := decodeWatchdog(cfg, decodeMetricsURL, decodeURLs, verdictURL, n, logger)
+	if err != nil {
+		fmt.Fprintf(stdout, "decode watchdog: %v\n", err)
+		return 1
+	}
 
 	n.say("simulator: %d SGLang prefill rank(s), %s backend, %s /metrics at %s", d.ranks, d.backend, d.era, metricsURL)
 	for i, u := range pluginURLs {
@@ -193,24 +311,59 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 	} else {
 		n.say("restart:   off (--no-demo.restart): the wedge stays, fail-fast keeps failing the rooms queued behind it")
 	}
+	n.say("decode:    %d SGLang decode rank(s), /metrics at %s, waiting timeout %s (+%s deferred release); a second watchdog for the decode pod: decode deadline %s (shipped 180s), prefill verdicts from %s",
+		len(decodeURLs), decodeMetricsURL, sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout, demoDecodeDeadline, verdictURL)
 	n.say("traffic:   ~3 requests/s with heavy-tailed KV transfers, some slow ones that keep progressing, and health checks")
 
 	go injectPins(ctx, sim, d.ranks, n)
 	go watchBoot(ctx, sim, n)
+	go watchDecodeFrees(ctx, n)
+	decodeDone := make(chan struct{})
+	go func() {
+		defer close(decodeDone)
+		_ = dwd.Run(ctx)
+	}()
 	code := serveAndWatch(ctx, srv, o.web, wd, nil, log.NewNopLogger())
-	return demoSummary(sim, wd, n, code)
+	<-decodeDone
+	return demoSummary(sim, wd, dwd, n, code)
 }
 
-// injectPins reproduces the incident's three mechanisms, a few seconds apart.
+// decodeWatchdog is the decode pod's watchdog: the prefill one's windows
+// and rails, the demo's decode deadline, the decode ranks and the decode
+// server's /metrics, and the prefill watchdog's verdicts over HTTP
+// (--decode.prefill-watchdog-url=verdictURL).
+func decodeWatchdog(prefill watchdog.Config, metricsURL string, pluginURLs []string, verdictURL string, n *narrator, logger log.Logger) (*watchdog.Watchdog, error) {
+	client, err := verdictClient(&decodeOptions{prefillURL: verdictURL, prefillNetworks: []string{"127.0.0.0/8", "::1/128"}, prefillTimeout: 500 * time.Millisecond})
+	if err != nil {
+		return nil, err
+	}
+	cfg := prefill
+	cfg.Logger = log.With(logger, "watchdog", "decode")
+	cfg.Metrics = collector.NewMetricsScraper(metricsURL, 2*time.Second)
+	cfg.DecodeDeadline = demoDecodeDeadline
+	cfg.Verdicts = narratedVerdicts{VerdictClient: client, n: n, url: strings.ReplaceAll(verdictURL, "{host}", "127.0.0.1")}
+	cfg.FailFast, cfg.RestartMode = false, watchdog.ModeOff
+	cfg.OnEvent = n.decodeEvent
+	cfg.Plugins = nil
+	for _, u := range pluginURLs {
+		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: 800 * time.Millisecond, AdminTimeout: 7 * time.Second, Token: demoToken}))
+	}
+	return watchdog.New(cfg)
+}
+
+// injectPins reproduces the incident's three mechanisms, a few seconds
+// apart. The stuck handle comes last, so that the decode side has released
+// the other two pins' decode requests before the restart it leads to.
 func injectPins(ctx context.Context, sim *sglangsim.Sim, ranks int, n *narrator) {
 	pins := []struct {
-		at   time.Duration
-		kind sglangsim.PinKind
-		name string
+		at    time.Duration
+		kind  sglangsim.PinKind
+		short string
+		name  string
 	}{
-		{3 * time.Second, sglangsim.PinResurrection, "max() resurrection: Failed overwritten by Transferring"},
-		{6 * time.Second, sglangsim.PinAbortBeforeRegister, "ABORT popped transfer_infos before the room was registered: WaitingForInput for ever"},
-		{9 * time.Second, sglangsim.PinStuckHandle, "NIXL transfer handle never completes: its transfer queue stays wedged until the server restarts"},
+		{3 * time.Second, sglangsim.PinResurrection, "resurrection", "max() resurrection: Failed overwritten by Transferring"},
+		{6 * time.Second, sglangsim.PinAbortBeforeRegister, "abort-before-register", "ABORT popped transfer_infos before the room was registered: WaitingForInput for ever"},
+		{12 * time.Second, sglangsim.PinStuckHandle, "stuck handle", "NIXL transfer handle never completes: its transfer queue stays wedged until the server restarts"},
 	}
 	start := time.Now()
 	for i, p := range pins {
@@ -221,6 +374,10 @@ func injectPins(ctx context.Context, sim *sglangsim.Sim, ranks int, n *narrator)
 		}
 		rank := i % ranks
 		rid, room := sim.Inject(rank, p.kind)
+		n.mu.Lock()
+		n.pins[rid] = p.short
+		n.pinRooms[room] = true
+		n.mu.Unlock()
 		n.say("INJECT       rank %d rid=%.12s room=%d: %s", rank, rid, room, p.name)
 	}
 }
@@ -248,12 +405,46 @@ func watchBoot(ctx context.Context, sim *sglangsim.Sim, n *narrator) {
 	}
 }
 
+// watchDecodeFrees narrates the pins' decode slots freed by SGLang itself
+// (its heartbeat after a prefill restart, its waiting timeout), and the
+// late release of the pages the decode-side watchdog's lever left to the
+// deferred release.
+func watchDecodeFrees(ctx context.Context, n *narrator) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	told := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, r := range n.sim.Records() {
+			name, pin := n.pin(r.RID)
+			if !pin || told[r.RID] || r.DecodeReleased.IsZero() {
+				continue
+			}
+			told[r.RID] = true
+			switch r.DecodeEnd {
+			case sglangsim.DecodeHeartbeat:
+				n.say("DECODE FREED dp%d rid=%.12s room=%d (%s): the prefill restart ended its transfer, decode's heartbeat failed it; slot freed %.0f s after admission (a dead prefill writes no more)", r.DecodeRank, r.RID, r.Room, name, r.DecodeHold().Seconds())
+			case sglangsim.DecodeTimeout:
+				n.say("DECODE FREED dp%d rid=%.12s room=%d (%s): SGLang's own waiting timeout; slot freed %.0f s after admission", r.DecodeRank, r.RID, r.Room, name, r.DecodeHold().Seconds())
+			case sglangsim.DecodeForceFail:
+				if r.DecodeReleased.Sub(r.DecodeForcedAt) > 2*time.Second {
+					n.say("DECODE FREED dp%d rid=%.12s room=%d (%s): its pages, after the deferred release; slot freed %.0f s after admission", r.DecodeRank, r.RID, r.Room, name, r.DecodeHold().Seconds())
+				}
+			}
+		}
+	}
+}
+
 // demoSummary tells what became of the pins and of the rooms queued behind
 // the wedge. A pin counts as released when a lever released it, or when
 // the watchdog's restart ended it; a room behind the wedge when it was
 // failed (fast, or after its deadline) or lost in the watchdog's restart,
 // and as hung when it had waited more than demoHungAfter at the end.
-func demoSummary(sim *sglangsim.Sim, wd *watchdog.Watchdog, n *narrator, code int) int {
+func demoSummary(sim *sglangsim.Sim, wd, dwd *watchdog.Watchdog, n *narrator, code int) int {
 	s := wd.Snapshot()
 	restarted := s.Restarts[watchdog.RestartRestarted] > 0
 	now := time.Now()
@@ -288,11 +479,69 @@ func demoSummary(sim *sglangsim.Sim, wd *watchdog.Watchdog, n *narrator, code in
 	n.say("summary:   %d of %d injected pins released (by a lever, or ended by the watchdog's restart); %d rooms queued behind the wedge: %d failed (fail-fast or deadline), %d lost in the restart, %d still hung (over %s); %d requests completed normally; %d force-fails of progressing requests; watchdog counted %d released (auto), %d released (fail_fast), %d restart(s)",
 		released, pins, behind, failed, lost, hung, demoHungAfter, completed, falseFails,
 		s.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}], s.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerFailFast}], s.Restarts[watchdog.RestartRestarted])
+	unsafe := decodeSummary(sim, dwd, n, now)
 	if code != 0 {
 		return code
 	}
-	if falseFails > 0 || (wd.Mode() == watchdog.ModeAuto && (released < pins || hung > 0)) {
+	if falseFails > 0 || unsafe > 0 || (wd.Mode() == watchdog.ModeAuto && (released < pins || hung > 0)) {
 		return 1
 	}
 	return 0
+}
+
+// decodeSummary tells what became of the pins' decode requests and of the
+// other decode requests the decode-side watchdog released, and returns
+// the number of decode pages a force-fail freed under a live transfer or
+// late writes that landed because of one (which must be 0).
+func decodeSummary(sim *sglangsim.Sim, dwd *watchdog.Watchdog, n *narrator, now time.Time) int {
+	var others, unsafe int
+	for _, r := range sim.Records() {
+		if r.UnsafeFree == sglangsim.DecodeForceFail {
+			unsafe++
+		}
+		name, pin := n.pin(r.RID)
+		if !pin {
+			if r.DecodeEnd == sglangsim.DecodeForceFail {
+				others++
+			}
+			continue
+		}
+		switch {
+		case r.DecodeAdmitted.IsZero():
+			n.say("summary:   decode, %s pin rid=%.12s: never reached decode", name, r.RID)
+		case r.DecodeEnd == "":
+			n.say("summary:   decode, %s pin rid=%.12s: still held after %.0f s at the end of the demo; SGLang's own timeout frees it %s + %s after admission, later than the demo runs",
+				name, r.RID, now.Sub(r.DecodeAdmitted).Seconds(), sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout)
+		default:
+			how := map[sglangsim.DecodeEnd]string{
+				sglangsim.DecodeForceFail: "the decode-side watchdog released it",
+				sglangsim.DecodeHeartbeat: "the prefill restart ended its transfer and decode's heartbeat failed it (a dead prefill writes no more; without the restart it stays held for SGLang's own timeout)",
+				sglangsim.DecodeTimeout:   "SGLang's own waiting timeout",
+				sglangsim.DecodeSuccess:   "it completed",
+				sglangsim.DecodeRestarted: "the decode server restarted",
+			}[r.DecodeEnd]
+			n.say("summary:   decode, %s pin rid=%.12s: slot freed %.0f s after admission (stock SGLang: %.0f s): %s", name, r.RID, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout.Seconds(), how)
+		}
+	}
+	byCause := map[sglangsim.DecodeEnd]int{}
+	for _, c := range sim.Corruptions() {
+		byCause[c.Cause]++
+	}
+	s := dwd.Snapshot()
+	n.say("summary:   decode, other requests released early by the decode-side watchdog: %d; held as \"transfer may be live\": %d; prefill verdict lookups %s; pages freed under a live transfer by a force-fail: %d; page corruptions caused by a force-fail: %d, by SGLang's own timeout: %d",
+		others, s.RoleSkips[[2]string{watchdog.SkipTransferLive, watchdog.RoleDecode}], lookupString(s.VerdictLookups), unsafe, byCause[sglangsim.DecodeForceFail], byCause[sglangsim.DecodeTimeout])
+	return unsafe + byCause[sglangsim.DecodeForceFail]
+}
+
+func lookupString(m map[string]uint64) string {
+	var parts []string
+	for _, v := range watchdog.VerdictAnswers {
+		if m[v] > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", v, m[v]))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
 }

@@ -20,12 +20,27 @@
 // windows, reading the plugin listings through bench/simplugin and
 // /metrics through collector.ParseMetrics) and without it (stock SGLang):
 //
-//   - defaults: as shipped (fail-fast on, 180 a minute; restart off);
+//   - defaults: as shipped (fail-fast on, 180 a minute; restart off), and
+//     on the decode server (-decode-ranks ranks) the decode pod's own
+//     watchdog: a second watchdog.New over the decode ranks and the decode
+//     /metrics, default decode deadline (180 s) and rails, asking the
+//     prefill watchdog for verdicts through pluginapi.VerdictClient and the
+//     prefill watchdog's VerdictHandler (in memory, no sockets), as
+//     --decode.prefill-watchdog-url does;
+//   - decode-off: the same without the decode-side watchdog;
+//   - decode-180: the decode-side watchdog with --force-fail.max-per-minute=180;
 //   - ff-off: --force-fail.fail-fast=false;
 //   - restart-30m: fail-fast and --restart.mode=auto with the default
 //     --restart.min-interval (30 min);
 //   - restart-5m: the same with a 5 min interval;
 //   - stock: no watchdog.
+//
+// The decode side is reported from the simulator's ground truth: decode
+// slot hold time (Record.DecodeHold), how decode let go (force-fail, its
+// own waiting timeout, its heartbeat after a prefill restart), the decode
+// requests held as "transfer may be live" (skip transfer_live), pages freed
+// under a live transfer (Record.UnsafeFree) and late writes that landed
+// (Sim.Corruptions), by what freed the pages.
 //
 // A restart restarts the whole simulated server: the requests inside are
 // lost, and for its boot time (30 s) the listings and /metrics fail and
@@ -48,6 +63,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -94,6 +113,8 @@ type options struct {
 	stall        time.Duration
 	hcEvery      time.Duration
 	bootTime     time.Duration
+	decodeRanks  int
+	mechanisms   string
 	memprofile   string
 	cpuprofile   string
 }
@@ -110,10 +131,12 @@ func main() {
 	flag.DurationVar(&o.step, "step", 100*time.Millisecond, "simulated time between scheduler passes")
 	flag.DurationVar(&o.stockStep, "stock-step", time.Second, "simulated time between scheduler passes in the stock replay, where thousands of requests pile up behind wedged queues")
 	flag.DurationVar(&o.stockTimeout, "decode-timeout", sglangsim.DefaultDecodeWaitingTimeout, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT of decode")
+	flag.StringVar(&o.mechanisms, "mechanisms", "resurrection,abort-before-register,stuck-handle", "pin mechanisms to mix evenly (resurrection, abort-before-register, stuck-handle); without stuck-handle no transfer queue wedges")
+	flag.IntVar(&o.decodeRanks, "decode-ranks", 2, "decode ranks (scheduler processes of the decode server); the decode endpoints are spread over them")
 	flag.DurationVar(&o.bootTime, "boot-time", sglangsim.DefaultBootTime, "how long a restarted server boots (listings, /metrics and arrivals refused)")
 	flag.BoolVar(&o.sweep, "sweep", false, "also sweep deadline x stall window on the defaults configuration (12 more replays)")
 	flag.BoolVar(&o.stock, "stock", true, "replay stock SGLang (no watchdog) too")
-	flag.StringVar(&o.configs, "configs", "defaults,ff-off,restart-30m,restart-5m", "watchdog configurations to replay (defaults, ff-off, restart-30m, restart-5m)")
+	flag.StringVar(&o.configs, "configs", "defaults,decode-off,decode-180,ff-off,restart-30m,restart-5m", "watchdog configurations to replay (defaults, decode-off, decode-180, ff-off, restart-30m, restart-5m)")
 	flag.BoolVar(&o.prom, "prom", true, "evaluate alerts/sglang-raw.rules.yml with real Prometheus on the defaults and stock runs")
 	flag.StringVar(&o.prometheus, "prometheus", "/usr/bin/prometheus", "Prometheus binary")
 	flag.StringVar(&o.promtool, "promtool", "/usr/bin/promtool", "promtool binary")
@@ -180,9 +203,10 @@ func makeTrace(o options) *trace {
 	// Pins: evenly spaced slots over [2 min, end - 8 min], one pin at a
 	// random point of each slot, mechanisms in a shuffled even mix.
 	t.pins = int(math.Round(float64(o.healthy) * o.pinPct / 100))
+	mechs := pinMechanisms(o.mechanisms)
 	kinds := make([]sglangsim.Behavior, t.pins)
 	for i := range kinds {
-		kinds[i] = []sglangsim.Behavior{sglangsim.BehaviorPinResurrection, sglangsim.BehaviorPinAbortBeforeRegister, sglangsim.BehaviorPinStuckHandle}[i%3]
+		kinds[i] = mechs[i%len(mechs)]
 	}
 	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	if t.pins > 0 {
@@ -195,6 +219,23 @@ func makeTrace(o options) *trace {
 	}
 	sort.SliceStable(t.arrivals, func(i, j int) bool { return t.arrivals[i].at < t.arrivals[j].at })
 	return t
+}
+
+// pinMechanisms parses -mechanisms; main checks it first.
+func pinMechanisms(list string) []sglangsim.Behavior {
+	var out []sglangsim.Behavior
+	for _, m := range strings.Split(list, ",") {
+		if b, ok := mechanismNames[strings.TrimSpace(m)]; ok {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+var mechanismNames = map[string]sglangsim.Behavior{
+	"resurrection":          sglangsim.BehaviorPinResurrection,
+	"abort-before-register": sglangsim.BehaviorPinAbortBeforeRegister,
+	"stuck-handle":          sglangsim.BehaviorPinStuckHandle,
 }
 
 func isPinBehavior(b sglangsim.Behavior) bool {
@@ -210,6 +251,8 @@ type replayConfig struct {
 	deadline      time.Duration
 	stall         time.Duration
 	failFast      bool
+	decode        bool // a decode-side watchdog on the decode server
+	decodeBudget  int  // its --force-fail.max-per-minute
 	restart       watchdog.Mode
 	restartMin    time.Duration
 	collectSeries bool
@@ -217,12 +260,14 @@ type replayConfig struct {
 
 // configs are the watchdog configurations of the comparison, by name.
 func configs(o options) map[string]replayConfig {
-	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, failFast: true, restart: watchdog.ModeOff}
-	ffOff, r30, r5 := base, base, base
+	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, failFast: true, decode: true, decodeBudget: 6, restart: watchdog.ModeOff}
+	ffOff, r30, r5, decOff, dec180 := base, base, base, base, base
 	ffOff.failFast = false
+	decOff.decode = false
+	dec180.decodeBudget = 180
 	r30.restart, r30.restartMin = watchdog.ModeAuto, 30*time.Minute
 	r5.restart, r5.restartMin = watchdog.ModeAuto, 5*time.Minute
-	out := map[string]replayConfig{"defaults": base, "ff-off": ffOff, "restart-30m": r30, "restart-5m": r5}
+	out := map[string]replayConfig{"defaults": base, "decode-off": decOff, "decode-180": dec180, "ff-off": ffOff, "restart-30m": r30, "restart-5m": r5}
 	for k, c := range out {
 		c.name = k
 		out[k] = c
@@ -251,8 +296,15 @@ type replayResult struct {
 	restartAt []time.Time       // restarts performed
 	refused   map[sglangsim.Kind]int
 	ridEvents map[string][]string // pins only
-	wall      time.Duration
-	end       time.Time
+	// The decode-side watchdog: its force-fail results and skips, and
+	// the requests it held because their transfer may be live.
+	decCalls   map[string]int
+	decSkips   map[string]int
+	heldLive   map[string]bool
+	lookups    map[string]int // prefill verdicts it got, by answer
+	corruption []sglangsim.Corruption
+	wall       time.Duration
+	end        time.Time
 }
 
 // simMetrics is the watchdog's MetricsSource over the simulator: the body
@@ -338,12 +390,14 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 		Clock: c, DPSize: o.ranks, Era: sglangsim.EraNewest, Backend: sglangsim.BackendNIXL, Seed: o.seed,
 		TransferMedian: o.median, HealthCheckEvery: o.hcEvery, HookRunsWhenEmpty: true,
 		Token: simToken, AllowRestart: true, BootTime: o.bootTime, DecodeWaitingTimeout: o.stockTimeout,
+		DecodeDPSize: o.decodeRanks,
 	})
 	if err != nil {
 		return nil, err
 	}
 	res := &replayResult{cfg: rc, calls: map[string]int{}, skips: map[string]int{}, trigger: map[string]string{},
 		restarts: map[string]int{}, refused: map[sglangsim.Kind]int{}, ridEvents: map[string][]string{},
+		decCalls: map[string]int{}, decSkips: map[string]int{}, heldLive: map[string]bool{}, lookups: map[string]int{},
 		pins: &pinTracker{pins: map[string]*pinTrack{}}}
 	if rc.collectSeries {
 		res.series = newSeriesStore()
@@ -387,6 +441,13 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 			return nil, err
 		}
 	}
+	var dw *watchdog.Watchdog
+	decMetrics := &simDecodeMetrics{sim: sim}
+	if rc.watchdog && rc.decode {
+		if dw, err = decodeWatchdog(sim, c, w, decMetrics, rc.decodeBudget, res); err != nil {
+			return nil, err
+		}
+	}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(uint64(o.seed), 0xb007))
 	next := 0
@@ -398,6 +459,9 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	}
 	sample := func() {
 		var body []byte
+		if dw != nil {
+			dw.ScrapeMetrics(ctx)
+		}
 		if w != nil {
 			w.ScrapeMetrics(ctx)
 			body = metrics.last
@@ -445,6 +509,9 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 		if w != nil && k%cycleEvery == 0 {
 			w.RunCycle(ctx)
 		}
+		if dw != nil && k%cycleEvery == 0 {
+			dw.RunCycle(ctx)
+		}
 		if k%scrapeEvery == 0 {
 			sample()
 		}
@@ -454,9 +521,87 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	res.records = slices.DeleteFunc(sim.Records(), func(rec sglangsim.Record) bool {
 		return rec.Outcome == sglangsim.OutcomeRefusedBooting
 	})
+	res.corruption = sim.Corruptions()
+	if dw != nil {
+		for k, v := range dw.Snapshot().VerdictLookups {
+			res.lookups[k] = int(v)
+		}
+	}
 	res.end = c.Now()
 	res.wall = time.Since(wallStart)
 	return res, nil
+}
+
+// simDecodeMetrics is the decode server's /metrics, parsed by the
+// collector; refused while the decode server boots.
+type simDecodeMetrics struct{ sim *sglangsim.Sim }
+
+func (m *simDecodeMetrics) Target() string { return "sim://decode-metrics" }
+
+func (m *simDecodeMetrics) Scrape(context.Context) (*watchdog.MetricsSample, error) {
+	if m.sim.DecodeBooting() {
+		return nil, simplugin.ErrBooting
+	}
+	return collector.ParseMetrics(m.sim.DecodeMetricsText())
+}
+
+// verdictTransport carries the decode-side watchdog's verdict lookups to
+// the prefill watchdog's VerdictHandler in memory: the real client (URL
+// from the bootstrap host, network check, 5 s cache on the fake clock) and
+// the real handler, without sockets.
+type verdictTransport struct{ h http.Handler }
+
+func (t verdictTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	t.h.ServeHTTP(rec, r)
+	return rec.Result(), nil
+}
+
+// decodeWatchdog is the decode pod's own watchdog, as deployed: a second
+// instance that reads only the decode ranks and the decode server's
+// /metrics, with the default decode deadline and rails, and asks the
+// prefill pod's watchdog (prefill, nil when there is none) for its
+// verdicts over the verdict API, as --decode.prefill-watchdog-url does.
+func decodeWatchdog(sim *sglangsim.Sim, c clock.Clock, prefill *watchdog.Watchdog, metrics watchdog.MetricsSource, budget int, res *replayResult) (*watchdog.Watchdog, error) {
+	cfg := watchdog.Config{
+		Clock: c, Metrics: metrics, Interval: time.Second, MetricsInterval: 15 * time.Second,
+		Deadline: 60 * time.Second, DecodeDeadline: watchdog.DefaultDecodeDeadline, StallWindow: 30 * time.Second, PinWindow: 2 * time.Minute,
+		MaxRooms: 100000, Mode: watchdog.ModeAuto, MaxPerMinute: budget, ConfirmTimeout: time.Minute, FailFastPerMinute: 180,
+		OnEvent: func(e watchdog.Event) {
+			switch e.Kind {
+			case watchdog.EventForceFail:
+				res.decCalls[e.Result]++
+			case watchdog.EventSkipped:
+				res.decSkips[e.Reason]++
+				if e.Reason == watchdog.SkipTransferLive {
+					res.heldLive[e.RID] = true
+				}
+			}
+		},
+	}
+	if prefill != nil {
+		host, _, err := net.SplitHostPort(sim.Options().BootstrapAddr)
+		if err != nil {
+			return nil, err
+		}
+		addr, err := netip.ParseAddr(host)
+		if err != nil {
+			return nil, err
+		}
+		v, err := pluginapi.NewVerdictClient(pluginapi.VerdictClientOptions{
+			URLTemplate: "http://{host}:9433", Networks: []netip.Prefix{netip.PrefixFrom(addr, addr.BitLen())},
+			Client: &http.Client{Transport: verdictTransport{prefill.VerdictHandler()}}, Timeout: 500 * time.Millisecond,
+			CacheTTL: 5 * time.Second, Now: c.Now,
+		})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Verdicts = v
+	}
+	for _, d := range simplugin.NewDecode(sim) {
+		cfg.Plugins = append(cfg.Plugins, d)
+	}
+	return watchdog.New(cfg)
 }
 
 func behaviorKind(b sglangsim.Behavior) sglangsim.Kind {
@@ -499,11 +644,18 @@ type fate struct {
 	held       int // still in the server at the end of the trace
 	lat        []time.Duration
 	heldAge    []time.Duration // age at the end of the trace of the held ones
-	decodeHold []time.Duration // decode slot held: DecodeReleased (or the end) - inflight entry
+	decodeHold []time.Duration // decode slot held: DecodeReleased (or the end) - DecodeAdmitted
 	decodeOpen int             // decode still holding at the end
+	decodeEnd  map[sglangsim.DecodeEnd]int
+	// decodeHoldForced: the hold of those a decode force-fail released.
+	decodeHoldForced []time.Duration
+	// heldLive: decode requests the decode-side watchdog held as
+	// "transfer may be live"; heldThenTimeout: of those, the ones
+	// SGLang's own waiting timeout released.
+	heldLive, heldThenTimeout int
 }
 
-func (f *fate) add(rec sglangsim.Record, trig string, end time.Time) {
+func (f *fate) add(rec sglangsim.Record, trig string, heldLive bool, end time.Time) {
 	f.n++
 	entered := rec.EnteredInflight
 	switch rec.Outcome {
@@ -528,26 +680,29 @@ func (f *fate) add(rec sglangsim.Record, trig string, end time.Time) {
 			f.heldAge = append(f.heldAge, end.Sub(entered))
 		}
 	}
-	if entered.IsZero() {
+	if heldLive {
+		f.heldLive++
+		if rec.DecodeEnd == sglangsim.DecodeTimeout {
+			f.heldThenTimeout++
+		}
+	}
+	if rec.DecodeAdmitted.IsZero() {
 		return
 	}
-	released := rec.DecodeReleased
-	if released.IsZero() {
-		// Prefill still holds it: the simulator leaves decode's side open,
-		// but decode's own waiting timeout (NIXL: it applies while the
-		// transfer is incomplete, sglang-facts §10.4) frees the slot.
-		released = entered.Add(decodeTimeout)
+	if f.decodeEnd == nil {
+		f.decodeEnd = map[sglangsim.DecodeEnd]int{}
 	}
-	if released.After(end) {
+	f.decodeEnd[rec.DecodeEnd]++
+	if rec.DecodeReleased.IsZero() {
 		f.decodeOpen++
-		f.decodeHold = append(f.decodeHold, end.Sub(entered))
+		f.decodeHold = append(f.decodeHold, end.Sub(rec.DecodeAdmitted))
 		return
 	}
-	f.decodeHold = append(f.decodeHold, released.Sub(entered))
+	f.decodeHold = append(f.decodeHold, rec.DecodeHold())
+	if rec.DecodeEnd == sglangsim.DecodeForceFail {
+		f.decodeHoldForced = append(f.decodeHoldForced, rec.DecodeHold())
+	}
 }
-
-// decodeTimeout is decode's SGLANG_DISAGGREGATION_WAITING_TIMEOUT (-decode-timeout).
-var decodeTimeout = sglangsim.DefaultDecodeWaitingTimeout
 
 type analysis struct {
 	byKind          map[sglangsim.Kind]*fate
@@ -566,10 +721,24 @@ type analysis struct {
 	undiagnosed   []string
 	wedgeAtEnd    int // wedging pins whose queue was still wedged at the end (no restart since)
 	otherWedgeEvs int // wedge events that match no wedging pin
+	// Decode pages freed under a live transfer (Record.UnsafeFree) and
+	// late writes that landed (Sim.Corruptions), by what freed the pages,
+	// in all and by the writer's kind.
+	unsafeFree, corrupt         map[sglangsim.DecodeEnd]int
+	decodeHealthy               []sglangsim.Record // healthy or slow requests a decode force-fail released
+	unsafeByKind, corruptByKind map[sglangsim.Kind]map[sglangsim.DecodeEnd]int
 }
 
 func analyse(r *replayResult) *analysis {
-	a := &analysis{byKind: map[sglangsim.Kind]*fate{}}
+	a := &analysis{byKind: map[sglangsim.Kind]*fate{}, unsafeFree: map[sglangsim.DecodeEnd]int{}, corrupt: map[sglangsim.DecodeEnd]int{},
+		unsafeByKind: map[sglangsim.Kind]map[sglangsim.DecodeEnd]int{}, corruptByKind: map[sglangsim.Kind]map[sglangsim.DecodeEnd]int{}}
+	kindOf := map[string]sglangsim.Kind{}
+	count := func(m map[sglangsim.Kind]map[sglangsim.DecodeEnd]int, k sglangsim.Kind, e sglangsim.DecodeEnd) {
+		if m[k] == nil {
+			m[k] = map[sglangsim.DecodeEnd]int{}
+		}
+		m[k][e]++
+	}
 	for _, k := range append(append([]sglangsim.Kind{}, pinKinds...), sglangsim.KindHealthy, sglangsim.KindSlow, sglangsim.KindHealthCheck, sglangsim.KindBlockedByWedge) {
 		a.byKind[k] = &fate{}
 	}
@@ -580,7 +749,15 @@ func analyse(r *replayResult) *analysis {
 			a.byKind[rec.Kind] = f
 		}
 		trig := r.trigger[rec.RID]
-		f.add(rec, trig, r.end)
+		f.add(rec, trig, r.heldLive[rec.RID], r.end)
+		kindOf[rec.RID] = rec.Kind
+		if rec.DecodeEnd == sglangsim.DecodeForceFail && (rec.Kind == sglangsim.KindHealthy || rec.Kind == sglangsim.KindSlow) {
+			a.decodeHealthy = append(a.decodeHealthy, rec)
+		}
+		if rec.UnsafeFree != "" {
+			a.unsafeFree[rec.UnsafeFree]++
+			count(a.unsafeByKind, rec.Kind, rec.UnsafeFree)
+		}
 		forced := !rec.ForcedAt.IsZero()
 		if rec.Outcome == sglangsim.OutcomeRestarted {
 			a.restartLost++
@@ -655,6 +832,10 @@ func analyse(r *replayResult) *analysis {
 			a.otherWedgeEvs++
 		}
 	}
+	for _, c := range r.corruption {
+		a.corrupt[c.Cause]++
+		count(a.corruptByKind, kindOf[c.Writer], c.Cause)
+	}
 	return a
 }
 
@@ -690,11 +871,16 @@ func dist(ds []time.Duration) string {
 
 func run(o options) int {
 	t0 := time.Now()
-	decodeTimeout = o.stockTimeout
+	for _, m := range strings.Split(o.mechanisms, ",") {
+		if _, ok := mechanismNames[strings.TrimSpace(m)]; !ok {
+			fmt.Fprintf(os.Stderr, "-mechanisms: unknown mechanism %q (want resurrection, abort-before-register, stuck-handle)\n", m)
+			return 2
+		}
+	}
 	tr := makeTrace(o)
 	fmt.Printf("# Detection quality, seed %d\n\n", o.seed)
-	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, the three mechanisms evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
-		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
+	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, %s evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
+		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.mechanisms, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
 
 	all := configs(o)
 	type job struct {
@@ -709,7 +895,7 @@ func run(o options) int {
 		}
 		c, ok := all[n]
 		if !ok {
-			fmt.Fprintf(os.Stderr, "-configs: unknown configuration %q (want defaults, ff-off, restart-30m, restart-5m)\n", n)
+			fmt.Fprintf(os.Stderr, "-configs: unknown configuration %q (want defaults, decode-off, decode-180, ff-off, restart-30m, restart-5m)\n", n)
 			return 2
 		}
 		c.collectSeries = o.prom && n == "defaults"
@@ -886,7 +1072,13 @@ func run(o options) int {
 		}
 		return fmt.Sprint(n)
 	})
-	row("decode slot held, pins, median / max", func(r *replayResult, a *analysis) string {
+	row("decode-side watchdog", func(r *replayResult, a *analysis) string {
+		if r.cfg.watchdog && r.cfg.decode {
+			return "on"
+		}
+		return "off"
+	})
+	row("decode slot held, pins, median / p99 / max", func(r *replayResult, a *analysis) string {
 		var all []time.Duration
 		open := 0
 		for _, k := range pinKinds {
@@ -895,12 +1087,53 @@ func run(o options) int {
 		}
 		return holdString(all, open)
 	})
-	row("decode slot held, rooms behind a wedge, median / max", func(r *replayResult, a *analysis) string {
+	row("… of those the decode-side watchdog released", func(r *replayResult, a *analysis) string {
+		var all []time.Duration
+		for _, k := range pinKinds {
+			all = append(all, a.byKind[k].decodeHoldForced...)
+		}
+		return dist(all)
+	})
+	row("decode slot held, rooms behind a wedge, median / p99 / max", func(r *replayResult, a *analysis) string {
 		b := a.byKind[sglangsim.KindBlockedByWedge]
 		return holdString(b.decodeHold, b.decodeOpen)
 	})
+	row("decode slot held, healthy, median / p99 / max", func(r *replayResult, a *analysis) string {
+		b := a.byKind[sglangsim.KindHealthy]
+		return holdString(b.decodeHold, b.decodeOpen)
+	})
+	row("decode released by a decode force-fail: pins + rooms behind a wedge", func(r *replayResult, a *analysis) string {
+		n := 0
+		for _, k := range pinKinds {
+			n += a.byKind[k].decodeEnd[sglangsim.DecodeForceFail]
+		}
+		return fmt.Sprintf("%d + %d", n, a.byKind[sglangsim.KindBlockedByWedge].decodeEnd[sglangsim.DecodeForceFail])
+	})
+	row("decode held as \"transfer may be live\" (then freed by SGLang's timeout)", func(r *replayResult, a *analysis) string {
+		if !r.cfg.decode || !r.cfg.watchdog {
+			return "-"
+		}
+		n, t := 0, 0
+		for _, f := range a.byKind {
+			n += f.heldLive
+			t += f.heldThenTimeout
+		}
+		return fmt.Sprintf("%d (%d)", n, t)
+	})
+	row("decode force-fails of healthy or slow requests", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(a.byKind[sglangsim.KindHealthy].decodeEnd[sglangsim.DecodeForceFail] + a.byKind[sglangsim.KindSlow].decodeEnd[sglangsim.DecodeForceFail])
+	})
+	row("decode pages freed under a live transfer: by a force-fail / by SGLang's timeout", func(r *replayResult, a *analysis) string {
+		return fmt.Sprintf("%d / %d", a.unsafeFree[sglangsim.DecodeForceFail], a.unsafeFree[sglangsim.DecodeTimeout])
+	})
+	row("page corruptions (late writes landed): caused by a force-fail / by SGLang's timeout", func(r *replayResult, a *analysis) string {
+		return fmt.Sprintf("**%d** / %d", a.corrupt[sglangsim.DecodeForceFail], a.corrupt[sglangsim.DecodeTimeout])
+	})
 	row("force-fail calls (trigger/result)", func(r *replayResult, a *analysis) string { return a2s(r.calls) })
 	row("skips", func(r *replayResult, a *analysis) string { return a2s(r.skips) })
+	row("decode force-fail calls (result)", func(r *replayResult, a *analysis) string { return a2s(r.decCalls) })
+	row("decode skips", func(r *replayResult, a *analysis) string { return a2s(r.decSkips) })
+	row("prefill verdict lookups (answer)", func(r *replayResult, a *analysis) string { return a2s(r.lookups) })
 	row("pin releases > 3 s after the windows allowed", func(r *replayResult, a *analysis) string {
 		n := 0
 		for _, d := range a.excess {
@@ -913,13 +1146,28 @@ func run(o options) int {
 
 	// Per pin mechanism.
 	fmt.Printf("\n## Per pin mechanism\n\n")
-	fmt.Printf("| configuration | mechanism | submitted | released by a lever (deadline + fail-fast) | ended by a restart | held at the end | release latency median / p99 / max | decode slot held median / max |\n|---|---|---|---|---|---|---|---|\n")
-	for i, r := range mains {
+	fmt.Printf("| configuration | mechanism | submitted | released by a lever (deadline + fail-fast) | ended by a restart | held at the end | release latency median / p99 / max |\n|---|---|---|---|---|---|---|\n")
+	for i := range mains {
 		for _, k := range pinKinds {
 			f := as[i].byKind[k]
-			fmt.Printf("| %s | %s | %d | %d (%d + %d) | %d | %d | %s | %s |\n", jobs[i].name, k, f.n, f.auto+f.failFast, f.auto, f.failFast, f.restarted, f.held, dist(f.lat), holdString(f.decodeHold, f.decodeOpen))
+			fmt.Printf("| %s | %s | %d | %d (%d + %d) | %d | %d | %s |\n", jobs[i].name, k, f.n, f.auto+f.failFast, f.auto, f.failFast, f.restarted, f.held, dist(f.lat))
 		}
-		_ = r
+	}
+
+	// Decode, per pin mechanism.
+	fmt.Printf("\n## Decode side, per pin mechanism (decode deadline %s, SGLang's waiting timeout %s, deferred release %s)\n\n", watchdog.DefaultDecodeDeadline, o.stockTimeout, sglangsim.DeferredReleaseTimeout)
+	fmt.Printf("| configuration | class | decode slot held median / p99 / max | … those a decode force-fail released | how decode let go | held as \"transfer may be live\" (freed by SGLang's timeout) | pages freed under a live transfer: force-fail / timeout | corruptions caused: force-fail / timeout |\n|---|---|---|---|---|---|---|---|\n")
+	for i, r := range mains {
+		for _, k := range append(append([]sglangsim.Kind{}, pinKinds...), sglangsim.KindBlockedByWedge) {
+			f := as[i].byKind[k]
+			held := "-"
+			if r.cfg.watchdog && r.cfg.decode {
+				held = fmt.Sprintf("%d (%d)", f.heldLive, f.heldThenTimeout)
+			}
+			fmt.Printf("| %s | %s | %s | %s | %s | %s | %d / %d | %d / %d |\n", jobs[i].name, k, holdString(f.decodeHold, f.decodeOpen), dist(f.decodeHoldForced), ends(f.decodeEnd), held,
+				as[i].unsafeByKind[k][sglangsim.DecodeForceFail], as[i].unsafeByKind[k][sglangsim.DecodeTimeout],
+				as[i].corruptByKind[k][sglangsim.DecodeForceFail], as[i].corruptByKind[k][sglangsim.DecodeTimeout])
+		}
 	}
 
 	// Details worth reading by hand.
@@ -932,6 +1180,20 @@ func run(o options) int {
 				break
 			}
 			fmt.Printf("  FALSE FORCE-FAIL %s rank %d %s entered %s forced %s trigger %s\n", m.Kind, m.Rank, m.RID, m.EnteredInflight.Sub(epoch), m.ForcedAt.Sub(epoch), r.trigger[m.RID])
+		}
+		if n := len(a.decodeHealthy); n > 0 {
+			starved, inTime, outcomes := 0, 0, map[string]int{}
+			for _, m := range a.decodeHealthy {
+				if m.EnteredInflight.IsZero() || m.EnteredInflight.After(m.DecodeForcedAt) {
+					starved++
+				}
+				if m.Outcome == sglangsim.OutcomeSuccess && m.Left.Sub(m.DecodeAdmitted) < o.stockTimeout {
+					inTime++
+				}
+				outcomes[string(m.Outcome)]++
+			}
+			fmt.Printf("  DECODE FORCE-FAILS OF HEALTHY OR SLOW REQUESTS: %d; not yet in prefill's inflight queue when decode released them: %d; their prefill outcome: %s; prefill transfer done within decode's %s timeout (stock decode would have served them): %d\n",
+				n, starved, a2s(outcomes), o.stockTimeout, inTime)
 		}
 		for j, u := range a.undiagnosed {
 			if j == 10 {
@@ -1053,17 +1315,29 @@ func run(o options) int {
 	return 0
 }
 
-// holdString is "median / max" of decode hold times, saying how many were
-// still held at the end (their figure is a lower bound).
+// holdString is "median / p99 / max" of decode hold times, saying how
+// many were still held at the end (their figure is a lower bound).
 func holdString(ds []time.Duration, open int) string {
 	if len(ds) == 0 {
 		return "-"
 	}
-	s := secs(quantile(ds, 0.5)) + " / " + secs(maxDur(ds))
+	s := dist(ds)
 	if open > 0 {
 		s += fmt.Sprintf(" (%d still held at the end)", open)
 	}
 	return s
+}
+
+// ends is how decode let go of a class of requests ("" = still held).
+func ends(m map[sglangsim.DecodeEnd]int) string {
+	out := map[string]int{}
+	for k, v := range m {
+		if k == "" {
+			k = "still_held"
+		}
+		out[string(k)] = v
+	}
+	return a2s(out)
 }
 
 func a2s(m map[string]int) string {

@@ -1,6 +1,7 @@
 // Package simplugin adapts an in-process, Step-driven sglangsim.Sim to the
 // watchdog's PluginSource and Restarter interfaces (Target, Inflight,
-// ForceFail, Restart) without HTTP, for benchmarks and the detection-quality replay. It depends only on
+// ForceFail, Restart), and its decode ranks to PluginSource, without
+// HTTP, for benchmarks and the detection-quality replay. It depends only on
 // sglangsim and pluginapi, so that the watchdog's own package-internal
 // benchmarks can use it.
 package simplugin
@@ -109,7 +110,7 @@ func (s *Source) ForceFail(ctx context.Context, order pluginapi.ForceFailRequest
 	if s.Sim.Booting() {
 		return 0, nil, ErrBooting
 	}
-	st, resp := s.Sim.ForceFail(ctx, s.Rank, order, s.authorization())
+	st, resp := s.Sim.ForceFail(ctx, s.Rank, order, authorization(s.Sim))
 	return st, &resp, nil
 }
 
@@ -126,15 +127,53 @@ func (s *Source) Restart(ctx context.Context, order pluginapi.RestartRequest) (i
 		return 0, nil, ErrBooting
 	}
 	s.Sim.Step()
-	st, resp := s.Sim.AdminRestart(s.Rank, order, s.authorization())
+	st, resp := s.Sim.AdminRestart(s.Rank, order, authorization(s.Sim))
 	return st, &resp, nil
 }
 
 // authorization is the header the watchdog would send: the simulator's
 // token, if it has one.
-func (s *Source) authorization() string {
-	if t := s.Sim.Options().Token; t != "" {
+func authorization(sim *sglangsim.Sim) string {
+	if t := sim.Options().Token; t != "" {
 		return "Bearer " + t
 	}
 	return ""
+}
+
+// DecodeSource is one decode rank of a Sim seen through the plugin API
+// (round 3), always read afresh.
+type DecodeSource struct {
+	Sim  *sglangsim.Sim
+	Rank int
+}
+
+// NewDecode returns the sources of every decode rank of sim.
+func NewDecode(sim *sglangsim.Sim) []*DecodeSource {
+	out := make([]*DecodeSource, sim.DecodeRanks())
+	for i := range out {
+		out[i] = &DecodeSource{Sim: sim, Rank: i}
+	}
+	return out
+}
+
+// Target names the decode rank.
+func (d *DecodeSource) Target() string { return fmt.Sprintf("sim://decode%d", d.Rank) }
+
+// Inflight returns the decode listing, or ErrBooting while the decode
+// server boots.
+func (d *DecodeSource) Inflight(context.Context) (*pluginapi.Listing, error) {
+	if d.Sim.DecodeBooting() {
+		return nil, ErrBooting
+	}
+	l := d.Sim.DecodeListing(d.Rank)
+	return &l, nil
+}
+
+// ForceFail applies the order through the simulator's decode lever.
+func (d *DecodeSource) ForceFail(ctx context.Context, order pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
+	if d.Sim.DecodeBooting() {
+		return 0, nil, ErrBooting
+	}
+	st, resp := d.Sim.DecodeForceFail(ctx, d.Rank, order, authorization(d.Sim))
+	return st, &resp, nil
 }
