@@ -93,6 +93,8 @@ func (d *dreq) healthCheck() bool {
 	return d.fake || d.room == 0 || d.addr == FakeBootstrapHost || strings.HasPrefix(d.rid, HealthCheckPrefix)
 }
 
+func (d *dreq) ids() (string, uint64) { return d.rid, d.room }
+
 // taint is a freed page slot that a prefill write may still land in.
 type taint struct {
 	slot    int
@@ -686,15 +688,9 @@ func (dr *drank) takeOrders(s *Sim, now time.Time) {
 // applyOrder decides a decode order against the live queues (round 3) and
 // pulls the lever. Callers hold dr.mu.
 func (dr *drank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time) (int, pluginapi.ForceFailResponse) {
-	d, ok := dr.byRID[req.RID]
-	if !ok {
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != d.room {
-		return roomMismatch(req.RID, d.room)
-	}
-	if d.healthCheck() {
-		return healthCheckAnswer(d.rid, d.room)
+	d, code, refusal, refused := lookupOrder(req, dr.byRID)
+	if refused {
+		return code, refusal
 	}
 	v := s.prefillView(d, now)
 	d.observe(v)

@@ -75,18 +75,9 @@ func (s *Sim) DecodeForceFail(ctx context.Context, rank int, req pluginapi.Force
 	}
 	dr := s.dranks[rank]
 	dr.mu.Lock()
-	d, ok := dr.byRID[req.RID]
-	if !ok {
+	if _, st, resp, refused := lookupOrder(req, dr.byRID); refused {
 		dr.mu.Unlock()
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != d.room {
-		dr.mu.Unlock()
-		return roomMismatch(req.RID, d.room)
-	}
-	if d.healthCheck() {
-		dr.mu.Unlock()
-		return healthCheckAnswer(d.rid, d.room)
+		return st, resp
 	}
 	if !dr.running && !dr.paused {
 		st, resp := dr.applyOrder(s, req, s.clock.Now())

@@ -71,18 +71,9 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	r := s.ranks[rank]
 	r.mu.Lock()
 	// Clarification 2 and round 2: answer at once from the latest observation.
-	q, ok := r.byRID[req.RID]
-	if !ok {
+	if _, st, resp, refused := lookupOrder(req, r.byRID); refused {
 		r.mu.Unlock()
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
-		r.mu.Unlock()
-		return roomMismatch(req.RID, q.room)
-	}
-	if q.healthCheck() {
-		r.mu.Unlock()
-		return healthCheckAnswer(q.rid, q.room)
+		return st, resp
 	}
 	// After the lookup, as the plugin decides: a health check answers 409
 	// health_check even where no lever works.

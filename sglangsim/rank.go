@@ -88,6 +88,8 @@ func (q *request) healthCheck() bool {
 	return q.fake || q.room == 0 || host == FakeBootstrapHost || strings.HasPrefix(q.rid, HealthCheckPrefix)
 }
 
+func (q *request) ids() (string, uint64) { return q.rid, q.room }
+
 func (q *request) lever(backend string) string {
 	if !q.fake && backend == BackendNIXL {
 		return pluginapi.LeverSendFailed
@@ -1040,15 +1042,9 @@ func (s *Sim) levers() ([]string, string) {
 // the levers (round 2: health check, transfer succeeded, already failed,
 // dry run, flip). Callers hold r.mu.
 func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time) (int, pluginapi.ForceFailResponse) {
-	q, ok := r.byRID[req.RID]
-	if !ok {
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
-		return roomMismatch(req.RID, q.room)
-	}
-	if q.healthCheck() {
-		return healthCheckAnswer(q.rid, q.room)
+	q, code, refusal, refused := lookupOrder(req, r.byRID)
+	if refused {
+		return code, refusal
 	}
 	sd := q.senders[r.pp]
 	if st, _ := r.status(s, sd, now); st == pollSuccess {
@@ -1084,6 +1080,33 @@ func (sd *sender) leversSet(levers []string) []string {
 		}
 	}
 	return set
+}
+
+// listed is a prefill or decode request as a force-fail order finds it.
+type listed interface {
+	ids() (rid string, room uint64)
+	healthCheck() bool
+}
+
+// lookupOrder finds the request an order names, or gives the answer the
+// plugin gives before any lever is looked at: the rid is not listed, the
+// order names another room, or the request is a health check.
+func lookupOrder[T listed](req pluginapi.ForceFailRequest, byRID map[string]T) (t T, st int, resp pluginapi.ForceFailResponse, refused bool) {
+	t, ok := byRID[req.RID]
+	if !ok {
+		st, resp = notFound(req.RID)
+		return t, st, resp, true
+	}
+	rid, room := t.ids()
+	if req.BootstrapRoom != nil && *req.BootstrapRoom != room {
+		st, resp = roomMismatch(req.RID, room)
+		return t, st, resp, true
+	}
+	if t.healthCheck() {
+		st, resp = healthCheckAnswer(rid, room)
+		return t, st, resp, true
+	}
+	return t, 0, resp, false
 }
 
 func notFound(rid string) (int, pluginapi.ForceFailResponse) {
