@@ -127,12 +127,7 @@ func (s *Sim) DecodePluginHandler(rank int) http.Handler {
 
 // DecodeMetricsHandler serves the decode server's /metrics.
 func (s *Sim) DecodeMetricsHandler() http.Handler {
-	return refuseWhile(s.DecodeBooting, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		body := s.DecodeMetricsText()
-		w.Header().Set("Content-Type", ContentType)
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		_, _ = w.Write(body)
-	}))
+	return metricsHandler(s.DecodeBooting, s.DecodeMetricsText)
 }
 
 // DecodeMetricsText renders the decode server's /metrics: the decode queue

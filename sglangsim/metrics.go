@@ -214,9 +214,13 @@ const ContentType = "text/plain; version=0.0.4; charset=utf-8"
 
 // MetricsHandler serves SGLang's /metrics for the whole server. While the
 // server boots after a restart it refuses connections.
-func (s *Sim) MetricsHandler() http.Handler {
-	return s.whileUp(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		body := s.MetricsText()
+func (s *Sim) MetricsHandler() http.Handler { return metricsHandler(s.Booting, s.MetricsText) }
+
+// metricsHandler serves render() as a /metrics payload, refusing
+// connections while down() holds.
+func metricsHandler(down func() bool, render func() []byte) http.Handler {
+	return refuseWhile(down, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		body := render()
 		w.Header().Set("Content-Type", ContentType)
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
