@@ -22,11 +22,8 @@ type fakePlugin struct {
 	iterations uint64
 	rooms      []pluginapi.Room
 	listErr    error
-	// onRecheck, if set, runs on every listing read made while an admin
-	// decision is pending (the actuator's re-read).
-	reads  int
-	answer func(pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error)
-	calls  []pluginapi.ForceFailRequest
+	answer     func(pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error)
+	calls      []pluginapi.ForceFailRequest
 	// freezeLoop stops the loop counter.
 	freezeLoop bool
 	// orphans is the listing's orphaned_transfers (round 2).
@@ -34,8 +31,25 @@ type fakePlugin struct {
 	// restartAnswer answers POST /admin/restart; nil answers 202.
 	restartAnswer func(pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
 	restarts      []pluginapi.RestartRequest
-	// beforeRead runs at the start of each read, under no lock.
+	readHook
+}
+
+// readHook counts a fake plugin's listing reads; beforeRead, if set, runs
+// at the start of each read, under no lock.
+type readHook struct {
+	reads      int
 	beforeRead func(read int)
+}
+
+// begin counts a read under mu, then runs beforeRead outside it.
+func (h *readHook) begin(mu *sync.Mutex) {
+	mu.Lock()
+	h.reads++
+	read, hook := h.reads, h.beforeRead
+	mu.Unlock()
+	if hook != nil {
+		hook(read)
+	}
 }
 
 func newFakePlugin(target string, dp int) *fakePlugin {
@@ -45,13 +59,7 @@ func newFakePlugin(target string, dp int) *fakePlugin {
 func (f *fakePlugin) Target() string { return f.target }
 
 func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {
-	f.mu.Lock()
-	f.reads++
-	read, hook := f.reads, f.beforeRead
-	f.mu.Unlock()
-	if hook != nil {
-		hook(read)
-	}
+	f.begin(&f.mu)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.listErr != nil {
