@@ -146,16 +146,7 @@ func (s *Sim) DecodeMetricsText() []byte {
 	var sched []series
 	switch era {
 	case EraName, EraModelName, EraEngineType:
-		merged := snaps[0]
-		for i := 1; i < len(snaps); i++ {
-			m := &snaps[i]
-			if m.lastLog.After(merged.lastLog) {
-				merged.g, merged.lastLog = m.g, m.lastLog
-			}
-			merged.bootstrapFailed += m.bootstrapFailed
-			merged.transferFailed += m.transferFailed
-			merged.loopIterations += m.loopIterations
-		}
+		merged := mergeProcesses(snaps)
 		sched = []series{{base: schedLabels(era, model, "", 0, 0, false), m: &merged}}
 	default:
 		for i := range s.dranks {
