@@ -676,13 +676,9 @@ func (s *Sim) RestartDecode() {
 }
 
 func (dr *drank) takeOrders(s *Sim, now time.Time) {
-	for _, o := range dr.pending {
-		o.state = orderClaimed
-		st, resp := dr.applyOrder(s, o.req, now)
-		o.done <- orderResult{st, resp}
-	}
-	clear(dr.pending)
-	dr.pending = dr.pending[:0]
+	takeOrders(&dr.pending, func(req pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse) {
+		return dr.applyOrder(s, req, now)
+	})
 }
 
 // applyOrder decides a decode order against the live queues (round 3) and

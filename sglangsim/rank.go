@@ -1014,13 +1014,21 @@ func (r *rank) pruneOrphans(now time.Time) {
 // takeOrders applies the queued force-fail orders at the start of the
 // inflight pass (the plugin's hook, clarification 3).
 func (r *rank) takeOrders(s *Sim, now time.Time) {
-	for _, o := range r.pending {
+	takeOrders(&r.pending, func(req pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse) {
+		return r.applyOrder(s, req, now)
+	})
+}
+
+// takeOrders claims and answers every queued order with apply, and empties
+// the queue. Callers hold the lock that guards pending.
+func takeOrders(pending *[]*order, apply func(pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse)) {
+	for _, o := range *pending {
 		o.state = orderClaimed
-		st, resp := r.applyOrder(s, o.req, now)
+		st, resp := apply(o.req)
 		o.done <- orderResult{st, resp}
 	}
-	clear(r.pending)
-	r.pending = r.pending[:0]
+	clear(*pending)
+	*pending = (*pending)[:0]
 }
 
 // levers are the plugin's levers on this SGLang (server.levers), in the
