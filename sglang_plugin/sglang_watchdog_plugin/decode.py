@@ -43,13 +43,10 @@ from .observe import (
 from .orders import (
     DEFAULT_REASON,
     Outcome,
-    health_check,
     internal_error,
-    is_health_check,
     not_found,
-    room_mismatch,
+    screen,
     transfer_succeeded,
-    unsupported,
 )
 
 logger = logging.getLogger("sglang_watchdog_plugin")
@@ -315,16 +312,11 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
     queue, decode_req = found
     req = decode_req.req
     room = request_room(req)
-    if order.bootstrap_room is not None and room != order.bootstrap_room:
-        return room_mismatch(order.rid, room, WHERE)
-    if is_health_check(order.rid, room, getattr(req, "bootstrap_host", None)):
-        return health_check(order.rid, room)
     receiver = getattr(decode_req, "kv_receiver", None)
-    if receiver is None:
-        return internal_error(order.rid, "the request has no KV receiver to abort")
-    caps = capabilities_for(receiver)
-    if not caps.levers:
-        return unsupported(order.rid, caps.note)
+    refused, caps = screen(order, room, getattr(req, "bootstrap_host", None), receiver,
+                           "the request has no KV receiver to abort", capabilities_for, WHERE)
+    if refused is not None:
+        return refused
     view = observe_receiver(receiver, room)
     if view.poll == SUCCESS:
         return transfer_succeeded(order.rid, room)

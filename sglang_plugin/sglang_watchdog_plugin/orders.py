@@ -65,6 +65,24 @@ class ForceFailOrder:
         return self._outcome
 
 
+def screen(order, room, host, holder, no_holder, capabilities_for, where="inflight"):
+    """The refusals an order meets before its transfer is read, in this order: another room, a health check,
+    no KV sender or receiver (``holder`` None; ``no_holder`` is the error), no lever for the holder's class.
+
+    Returns (refusal, None), or (None, the holder's capabilities).
+    """
+    if order.bootstrap_room is not None and room != order.bootstrap_room:
+        return room_mismatch(order.rid, room, where), None
+    if is_health_check(order.rid, room, host):
+        return health_check(order.rid, room), None
+    if holder is None:
+        return internal_error(order.rid, no_holder), None
+    capabilities = capabilities_for(holder)
+    if not capabilities.levers:
+        return unsupported(order.rid, capabilities.note), None
+    return None, capabilities
+
+
 def apply_order(order, queue, capabilities_for):
     """Scheduler thread: decides the order against the live inflight queue and applies it.
 
@@ -74,16 +92,11 @@ def apply_order(order, queue, capabilities_for):
     if req is None:
         return not_found(order.rid)
     room = getattr(req, "bootstrap_room", None)
-    if order.bootstrap_room is not None and room != order.bootstrap_room:
-        return room_mismatch(order.rid, room)
-    if is_health_check(order.rid, room, getattr(req, "bootstrap_host", None)):
-        return health_check(order.rid, room)
     sender = getattr(req, "disagg_kv_sender", None)
-    if sender is None:
-        return internal_error(order.rid, "the request has no KV sender to fail")
-    capabilities = capabilities_for(sender)
-    if not capabilities.levers:
-        return unsupported(order.rid, capabilities.note)
+    refused, capabilities = screen(order, room, getattr(req, "bootstrap_host", None), sender,
+                                   "the request has no KV sender to fail", capabilities_for)
+    if refused is not None:
+        return refused
 
     poll = observe(sender, room)[0]
     if poll == FAILED:  # a lever is set, or the status already reads Failed
