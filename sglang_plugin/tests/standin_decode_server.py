@@ -87,7 +87,6 @@ show the live queue lengths):
     sglang:num_transfer_failed_reqs_total{model_name="standin"} <count>
 """
 
-import argparse
 import logging
 import os
 import sys
@@ -97,7 +96,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_watchdog_plugin import hook  # noqa: E402
 from tests import standins  # noqa: E402
-from tests.standin_server import log_instead_of_kill, plugin_environment, serve_metrics, stop_event  # noqa: E402
+from tests.standin_server import (  # noqa: E402
+    log_instead_of_kill,
+    plugin_environment,
+    serve_metrics,
+    standin_parser,
+    stop_event,
+)
 
 PASS_INTERVAL_S = 0.01
 CHUNK_PERIOD_S = 0.1
@@ -165,16 +170,11 @@ def metrics_text(scheduler):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--token-file", default="")
-    parser.add_argument("--backend", choices=("nixl", "mooncake"), default="nixl")
+    parser = standin_parser(__doc__)
     parser.add_argument("--deferred-release", choices=("on", "off", "absent"), default="on")
     parser.add_argument("--prefill-acks", choices=("yes", "no"), default="yes")
     parser.add_argument("--deferred-timeout", type=float, default=standins.DEFERRED_RELEASE_TIMEOUT_S)
     parser.add_argument("--live-room", type=int, default=LIVE_ROOM)
-    parser.add_argument("--allow-restart", action="store_true")
     args = parser.parse_args()
     if args.deferred_timeout <= 0:
         parser.error("--deferred-timeout must be above 0")

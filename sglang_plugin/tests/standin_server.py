@@ -220,6 +220,17 @@ def serve_metrics(render, port):
     return server
 
 
+def standin_parser(doc):
+    """The flags every stand-in server takes; the caller adds its scene's own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--metrics-port", type=int, default=0)
+    parser.add_argument("--token-file", default="")
+    parser.add_argument("--backend", choices=("nixl", "mooncake"), default="nixl")
+    parser.add_argument("--allow-restart", action="store_true")
+    return parser
+
+
 def plugin_environment(port, token_file, allow_restart):
     """Sets the plugin's settings from the flags, as an operator would in SGLang's environment."""
     os.environ.update({
@@ -253,15 +264,10 @@ def stop_event():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--token-file", default="")
-    parser.add_argument("--backend", choices=("nixl", "mooncake"), default="nixl")
+    parser = standin_parser(__doc__)
     parser.add_argument("--scenario", choices=("parity", "wedge"), default="parity")
     parser.add_argument("--era", choices=("newest", "mid2025", "early"), default="newest")
     parser.add_argument("--pp-size", type=int, choices=(1, 2), default=1)
-    parser.add_argument("--allow-restart", action="store_true")
     args = parser.parse_args()
     if args.era == "mid2025" and args.backend != "nixl":
         parser.error("--era mid2025 copies mid-2025 NIXL: use --backend nixl")
