@@ -168,14 +168,7 @@ func newDecodeHarness(t *testing.T, prefill []*fakePlugin, decode []*fakeDecode,
 	for _, d := range decode {
 		cfg.Plugins = append(cfg.Plugins, d)
 	}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	wd, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.wd = wd
+	h.wd = newWatchdog(t, cfg, mutate)
 	h.wd.ScrapeMetrics(context.Background())
 	return h
 }

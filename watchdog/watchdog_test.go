@@ -199,6 +199,14 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 		defer h.mu.Unlock()
 		h.events = append(h.events, e)
 	}
+	h.wd = newWatchdog(t, cfg, mutate)
+	return h
+}
+
+// newWatchdog builds a watchdog from cfg changed by mutate (if not nil),
+// failing the test on a configuration error.
+func newWatchdog(t *testing.T, cfg Config, mutate func(*Config)) *Watchdog {
+	t.Helper()
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -206,8 +214,7 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.wd = wd
-	return h
+	return wd
 }
 
 // tick advances every clock by one second and runs one cycle.
