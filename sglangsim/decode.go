@@ -639,12 +639,7 @@ func (dr *drank) reset(s *Sim, now time.Time, gen int) {
 	}
 	dr.prealloc, dr.transfer, dr.held, dr.decoding = nil, nil, nil, nil
 	dr.byRID = make(map[string]*dreq)
-	for _, o := range dr.pending {
-		o.state = orderClaimed
-		o.done <- orderResult{503, pluginapi.ForceFailResponse{
-			Result: pluginapi.ResultSchedulerUnresponsive, RID: o.req.RID,
-			Error: "the scheduler restarted before it picked the order up; the order was withdrawn"}}
-	}
+	withdrawOrders(dr.pending)
 	dr.pending = nil
 	dr.iterations, dr.lastIter = 0, time.Time{}
 	dr.free, dr.nextSlot, dr.owner, dr.taints = nil, 0, make(map[int]*dreq), nil

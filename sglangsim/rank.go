@@ -322,12 +322,7 @@ func (g *group) reset(s *Sim, now, up time.Time, gen int, quiet bool) {
 func (r *rank) reset(gen int) {
 	r.inflight = nil
 	clear(r.byRID)
-	for _, o := range r.pending {
-		o.state = orderClaimed
-		o.done <- orderResult{503, pluginapi.ForceFailResponse{
-			Result: pluginapi.ResultSchedulerUnresponsive, RID: o.req.RID,
-			Error: "the scheduler restarted before it picked the order up; the order was withdrawn"}}
-	}
+	withdrawOrders(r.pending)
 	r.pending = nil
 	r.inflightTk = 0
 	r.iterations = 0
@@ -1017,6 +1012,16 @@ func (r *rank) takeOrders(s *Sim, now time.Time) {
 	takeOrders(&r.pending, func(req pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse) {
 		return r.applyOrder(s, req, now)
 	})
+}
+
+// withdrawOrders answers the orders a restarting scheduler never picked up.
+func withdrawOrders(pending []*order) {
+	for _, o := range pending {
+		o.state = orderClaimed
+		o.done <- orderResult{503, pluginapi.ForceFailResponse{
+			Result: pluginapi.ResultSchedulerUnresponsive, RID: o.req.RID,
+			Error: "the scheduler restarted before it picked the order up; the order was withdrawn"}}
+	}
 }
 
 // takeOrders claims and answers every queued order with apply, and empties
