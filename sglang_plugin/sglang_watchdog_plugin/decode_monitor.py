@@ -81,15 +81,11 @@ class DecodeMonitor(Monitor):
                 self._resolve_receiver(receiver_cls)
             manager = getattr(getattr(scheduler, "disagg_decode_prealloc_queue", None), "kv_manager", None)
             self.deferred_release = decode.deferred_release(manager)
-        except Exception as e:  # never guess: no lever until the code can be read
-            logger.exception("sglang-watchdog plugin could not work out the decode lever of this SGLang")
-            self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
-            self.capabilities = decode.Capabilities((), self._pass_problem)
-        caps = self.capabilities
+        except Exception as e:
+            self._cannot_inspect(e, "decode lever")
         logger.info(
             "sglang-watchdog plugin levers on this SGLang (decode): %s%s; deferred decode KV release: %s",
-            ",".join(caps.levers) if caps and caps.levers else "none",
-            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({_NO_RECEIVER_YET})",
+            *self._lever_summary(),
             {True: "on", False: "off", None: "not in this release"}[self.deferred_release],
         )
 

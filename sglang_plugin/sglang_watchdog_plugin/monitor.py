@@ -93,7 +93,7 @@ _EMPTY = Snapshot(members=(), rooms={}, inflight=0, bootstrap=0, waiting=0, orph
 class Monitor:
     mode = "prefill"
     where = "inflight"  # how not_found and room_mismatch answers name the queue
-    no_lever_yet = _NO_SENDER_YET  # the listing's lever_note until the first sender is seen
+    no_lever_yet = _NO_SENDER_YET  # lever_note (listing, load log) until the first sender is seen
 
     def __init__(self, identity):
         self.identity = identity
@@ -145,15 +145,22 @@ class Monitor:
             if manager is not None:
                 self.transfer_queues = self._queue_key(manager).count
                 self.transfer_tracking = capabilities.transfer_tracking(manager)
-        except Exception as e:  # never guess: no lever until the code can be read
-            logger.exception("sglang-watchdog plugin could not work out the levers of this SGLang")
-            self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
-            self.capabilities = capabilities.Capabilities((), self._pass_problem)
+        except Exception as e:
+            self._cannot_inspect(e, "levers")
+        logger.info("sglang-watchdog plugin levers on this SGLang: %s%s", *self._lever_summary())
+
+    def _cannot_inspect(self, e, what):
+        """From configure's except block: never guess, no lever until the code can be read."""
+        logger.exception("sglang-watchdog plugin could not work out the %s of this SGLang", what)
+        self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
+        self.capabilities = capabilities.Capabilities((), self._pass_problem)
+
+    def _lever_summary(self):
+        """The levers and their note, as the load-time log line shows them."""
         caps = self.capabilities
-        logger.info(
-            "sglang-watchdog plugin levers on this SGLang: %s%s",
+        return (
             ",".join(caps.levers) if caps and caps.levers else "none",
-            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({_NO_SENDER_YET})",
+            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({self.no_lever_yet})",
         )
 
     def capabilities_for(self, sender):
