@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
@@ -79,15 +80,9 @@ func (s *Sim) DecodeForceFail(ctx context.Context, rank int, req pluginapi.Force
 		dr.mu.Unlock()
 		return st, resp
 	}
-	if !dr.running && !dr.paused {
-		st, resp := dr.applyOrder(s, req, s.clock.Now())
-		dr.mu.Unlock()
-		return st, resp
-	}
-	o := &order{req: req, done: make(chan orderResult, 1)}
-	dr.pending = append(dr.pending, o)
-	dr.mu.Unlock()
-	return s.await(ctx, o, &dr.mu, &dr.pending)
+	return s.submit(ctx, &dr.mu, &dr.pending, dr.running || dr.paused, req, func(now time.Time) (int, pluginapi.ForceFailResponse) {
+		return dr.applyOrder(s, req, now)
+	})
 }
 
 func (s *Sim) decideDecodeRestart(rank int, req pluginapi.RestartRequest, authorization string) (int, pluginapi.RestartResponse) {
