@@ -45,6 +45,7 @@ from .orders import (
     Outcome,
     internal_error,
     not_found,
+    record_failure,
     screen,
     transfer_succeeded,
 )
@@ -338,7 +339,7 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
             logger.exception("rid=%s bootstrap_room=%s: the receiver's abort() raised", order.rid, room)
             return internal_error(order.rid, "the receiver's abort() raised; see the scheduler log")
         levers = [ABORT]
-        _record_failure(manager, room, reason)
+        record_failure(manager, room, reason, "the receiver is aborted anyway")
         # What Scheduler.abort_request does after abort() for the transfer queue.
         if would_defer and getattr(receiver, "abort_notified", False) is True:
             try:
@@ -353,17 +354,6 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
                        ",".join(levers))
     return Outcome(200, {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": "conclude_state",
                          "levers": levers, "applied_unix": time.time()})
-
-
-def _record_failure(manager, room, reason):
-    # Replaces abort()'s "Aborted by AbortReq." in SGLang's "Decode transfer failed ..." line.
-    record = getattr(manager, "record_failure", None)
-    if record is None:
-        return
-    try:
-        record(room, reason)
-    except Exception:
-        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the receiver is aborted anyway", room)
 
 
 def transfer_live(rid, room, started):

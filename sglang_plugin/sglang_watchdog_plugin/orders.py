@@ -109,7 +109,7 @@ def apply_order(order, queue, capabilities_for):
     else:
         reason = DEFAULT_REASON if order.reason is None else f"{DEFAULT_REASON}: {order.reason}"
         levers = _pull(sender, room, capabilities.levers, order.rid)
-        _record_failure(sender, room, reason)
+        record_failure(getattr(sender, "kv_mgr", None), room, reason)
         result = "flipped"
         logger.warning("rid=%s bootstrap_room=%s %s (levers %s)", order.rid, room, reason, ",".join(levers))
     return Outcome(
@@ -164,17 +164,18 @@ def _status(sender, room):
         return UNKNOWN
 
 
-def _record_failure(sender, room, reason):
+def record_failure(manager, room, reason, carry_on="the levers are pulled anyway"):
     # Backends that keep failure records surface the reason in SGLang's own
-    # "Prefill transfer failed ... with exception ..." log line; this replaces
-    # abort()'s "Aborted by AbortReq.".
-    record = getattr(getattr(sender, "kv_mgr", None), "record_failure", None)
+    # "Prefill/Decode transfer failed ... with exception ..." log line; this
+    # replaces abort()'s "Aborted by AbortReq.". carry_on says what happens
+    # when the record fails.
+    record = getattr(manager, "record_failure", None)
     if record is None:
         return
     try:
         record(room, reason)
     except Exception:
-        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the levers are pulled anyway", room)
+        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; %s", room, carry_on)
 
 
 def health_check(rid, room):
