@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -10,9 +9,7 @@ import (
 	"testing"
 
 	"github.com/go-kit/log"
-	"golang.org/x/crypto/bcrypt"
 
-	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
@@ -56,23 +53,7 @@ func TestDecodeFlags(t *testing.T) {
 // The verdict endpoint sits behind --web.config.file like /metrics, and
 // never on the probe listener.
 func TestVerdictEndpointBehindWebConfig(t *testing.T) {
-	hash, err := bcrypt.GenerateFromPassword([]byte("pass"), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	webConfig := filepath.Join(t.TempDir(), "web.yml")
-	if err := os.WriteFile(webConfig, []byte("basic_auth_users:\n  decode: "+string(hash)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=off", "--web.listen-address=127.0.0.1:0",
-		"--web.config.file="+webConfig, "--web.probe-listen-address=127.0.0.1:0")
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.close()
-	wd.RunCycle(context.Background())
-	main, probe := serveFor(t, srv, o)
+	main, probe := serveWithBasicAuth(t, "decode", "pass")
 	path := pluginapi.PathRoomVerdict + "18446744073709551615"
 	if code, _ := get(t, main+path); code != http.StatusUnauthorized {
 		t.Errorf("without credentials: %d, want 401", code)

@@ -275,23 +275,7 @@ func get(t *testing.T, url string) (int, string) {
 // listener answers the health endpoints without credentials, and nothing
 // else.
 func TestProbesWorkWithWebConfig(t *testing.T) {
-	hash, err := bcrypt.GenerateFromPassword([]byte("scrape-pass"), bcrypt.MinCost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	webConfig := filepath.Join(t.TempDir(), "web.yml")
-	if err := os.WriteFile(webConfig, []byte("basic_auth_users:\n  prometheus: "+string(hash)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=off", "--web.listen-address=127.0.0.1:0",
-		"--web.config.file="+webConfig, "--web.probe-listen-address=127.0.0.1:0")
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.close()
-	wd.RunCycle(context.Background())
-	main, probe := serveFor(t, srv, o)
+	main, probe := serveWithBasicAuth(t, "prometheus", "scrape-pass")
 	if code, _ := get(t, main+"/-/healthy"); code != http.StatusUnauthorized {
 		t.Errorf("main listener /-/healthy without credentials: %d, want 401", code)
 	}
@@ -306,6 +290,30 @@ func TestProbesWorkWithWebConfig(t *testing.T) {
 			t.Errorf("probe listener serves %s: %d %.80q", p, code, body)
 		}
 	}
+}
+
+// serveWithBasicAuth serves a watchdog after one cycle, behind a
+// --web.config.file with one basic-auth user, and with a probe listener;
+// it returns the main and the probe listener's base URLs.
+func serveWithBasicAuth(t *testing.T, user, pass string) (main, probe string) {
+	t.Helper()
+	hash, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	webConfig := filepath.Join(t.TempDir(), "web.yml")
+	if err := os.WriteFile(webConfig, []byte("basic_auth_users:\n  "+user+": "+string(hash)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=off", "--web.listen-address=127.0.0.1:0",
+		"--web.config.file="+webConfig, "--web.probe-listen-address=127.0.0.1:0")
+	srv, err := newServer(o, wd, nil, log.NewNopLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.close)
+	wd.RunCycle(context.Background())
+	return serveFor(t, srv, o)
 }
 
 // TestLivenessReflectsAStoppedLoop: /-/healthy fails once the watch loop

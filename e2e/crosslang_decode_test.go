@@ -258,13 +258,7 @@ func TestGoSimulatorAndPythonDecodePluginAnswerAlike(t *testing.T) {
 	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
 			pyURL, _ := startStandinScript(t, "standin_decode_server.py", backend, tokenFile(t, parityToken))
-			sim, err := sglangsim.New(sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			sim.Start(ctx)
+			sim, ctx := startSim(t, sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity})
 			_, goURLs, err := sim.ListenDecode(ctx)
 			if err != nil {
 				t.Fatal(err)

@@ -54,6 +54,18 @@ const repoRoot = ".."
 // running in real time on clk.
 func simServer(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, string, []string) {
 	t.Helper()
+	sim, ctx := startSim(t, opts)
+	metricsURL, pluginURLs, err := sim.Listen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sim, metricsURL, pluginURLs
+}
+
+// startSim starts the simulator's scheduler loops; they and whatever listens
+// on the returned context stop when the test ends.
+func startSim(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, context.Context) {
+	t.Helper()
 	sim, err := sglangsim.New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -61,11 +73,7 @@ func simServer(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, string, []
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	sim.Start(ctx)
-	metricsURL, pluginURLs, err := sim.Listen(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sim, metricsURL, pluginURLs
+	return sim, ctx
 }
 
 // inProcessWatchdog builds the watchdog from its packages with the run

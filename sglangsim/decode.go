@@ -93,6 +93,8 @@ func (d *dreq) healthCheck() bool {
 	return d.fake || d.room == 0 || d.addr == FakeBootstrapHost || strings.HasPrefix(d.rid, HealthCheckPrefix)
 }
 
+func (d *dreq) ids() (string, uint64) { return d.rid, d.room }
+
 // taint is a freed page slot that a prefill write may still land in.
 type taint struct {
 	slot    int
@@ -637,12 +639,7 @@ func (dr *drank) reset(s *Sim, now time.Time, gen int) {
 	}
 	dr.prealloc, dr.transfer, dr.held, dr.decoding = nil, nil, nil, nil
 	dr.byRID = make(map[string]*dreq)
-	for _, o := range dr.pending {
-		o.state = orderClaimed
-		o.done <- orderResult{503, pluginapi.ForceFailResponse{
-			Result: pluginapi.ResultSchedulerUnresponsive, RID: o.req.RID,
-			Error: "the scheduler restarted before it picked the order up; the order was withdrawn"}}
-	}
+	withdrawOrders(dr.pending)
 	dr.pending = nil
 	dr.iterations, dr.lastIter = 0, time.Time{}
 	dr.free, dr.nextSlot, dr.owner, dr.taints = nil, 0, make(map[int]*dreq), nil
@@ -674,27 +671,17 @@ func (s *Sim) RestartDecode() {
 }
 
 func (dr *drank) takeOrders(s *Sim, now time.Time) {
-	for _, o := range dr.pending {
-		o.state = orderClaimed
-		st, resp := dr.applyOrder(s, o.req, now)
-		o.done <- orderResult{st, resp}
-	}
-	clear(dr.pending)
-	dr.pending = dr.pending[:0]
+	takeOrders(&dr.pending, func(req pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse) {
+		return dr.applyOrder(s, req, now)
+	})
 }
 
 // applyOrder decides a decode order against the live queues (round 3) and
 // pulls the lever. Callers hold dr.mu.
 func (dr *drank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time) (int, pluginapi.ForceFailResponse) {
-	d, ok := dr.byRID[req.RID]
-	if !ok {
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != d.room {
-		return roomMismatch(req.RID, d.room)
-	}
-	if d.healthCheck() {
-		return healthCheckAnswer(d.rid, d.room)
+	d, code, refusal, refused := lookupOrder(req, dr.byRID)
+	if refused {
+		return code, refusal
 	}
 	v := s.prefillView(d, now)
 	d.observe(v)

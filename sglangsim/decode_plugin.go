@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
@@ -75,28 +76,13 @@ func (s *Sim) DecodeForceFail(ctx context.Context, rank int, req pluginapi.Force
 	}
 	dr := s.dranks[rank]
 	dr.mu.Lock()
-	d, ok := dr.byRID[req.RID]
-	if !ok {
-		dr.mu.Unlock()
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != d.room {
-		dr.mu.Unlock()
-		return roomMismatch(req.RID, d.room)
-	}
-	if d.healthCheck() {
-		dr.mu.Unlock()
-		return healthCheckAnswer(d.rid, d.room)
-	}
-	if !dr.running && !dr.paused {
-		st, resp := dr.applyOrder(s, req, s.clock.Now())
+	if _, st, resp, refused := lookupOrder(req, dr.byRID); refused {
 		dr.mu.Unlock()
 		return st, resp
 	}
-	o := &order{req: req, done: make(chan orderResult, 1)}
-	dr.pending = append(dr.pending, o)
-	dr.mu.Unlock()
-	return s.await(ctx, o, &dr.mu, &dr.pending)
+	return s.submit(ctx, &dr.mu, &dr.pending, dr.running || dr.paused, req, func(now time.Time) (int, pluginapi.ForceFailResponse) {
+		return dr.applyOrder(s, req, now)
+	})
 }
 
 func (s *Sim) decideDecodeRestart(rank int, req pluginapi.RestartRequest, authorization string) (int, pluginapi.RestartResponse) {
@@ -136,12 +122,7 @@ func (s *Sim) DecodePluginHandler(rank int) http.Handler {
 
 // DecodeMetricsHandler serves the decode server's /metrics.
 func (s *Sim) DecodeMetricsHandler() http.Handler {
-	return refuseWhile(s.DecodeBooting, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		body := s.DecodeMetricsText()
-		w.Header().Set("Content-Type", ContentType)
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		_, _ = w.Write(body)
-	}))
+	return metricsHandler(s.DecodeBooting, s.DecodeMetricsText)
 }
 
 // DecodeMetricsText renders the decode server's /metrics: the decode queue
@@ -160,16 +141,7 @@ func (s *Sim) DecodeMetricsText() []byte {
 	var sched []series
 	switch era {
 	case EraName, EraModelName, EraEngineType:
-		merged := snaps[0]
-		for i := 1; i < len(snaps); i++ {
-			m := &snaps[i]
-			if m.lastLog.After(merged.lastLog) {
-				merged.g, merged.lastLog = m.g, m.lastLog
-			}
-			merged.bootstrapFailed += m.bootstrapFailed
-			merged.transferFailed += m.transferFailed
-			merged.loopIterations += m.loopIterations
-		}
+		merged := mergeProcesses(snaps)
 		sched = []series{{base: schedLabels(era, model, "", 0, 0, false), m: &merged}}
 	default:
 		for i := range s.dranks {

@@ -209,14 +209,44 @@ type series struct {
 	m    *rankMetrics
 }
 
+// mergeProcesses is what eras without rank labels show of several
+// scheduler processes: multiprocess mode keeps the most recent gauge value
+// and sums counters and histograms over the processes.
+func mergeProcesses(snaps []rankMetrics) rankMetrics {
+	merged := snaps[0]
+	for i := 1; i < len(snaps); i++ {
+		m := &snaps[i]
+		if m.lastLog.After(merged.lastLog) {
+			merged.g, merged.lastLog = m.g, m.lastLog
+		}
+		merged.bootstrapFailed += m.bootstrapFailed
+		merged.transferFailed += m.transferFailed
+		merged.retries += m.retries
+		merged.loopIterations += m.loopIterations
+		merged.realtimeCompute += m.realtimeCompute
+		merged.realtimeCache += m.realtimeCache
+		for j := range merged.stages {
+			merged.stages[j].add(&m.stages[j])
+		}
+		for j := range merged.kv {
+			merged.kv[j].add(&m.kv[j])
+		}
+	}
+	return merged
+}
+
 // ContentType is what SGLang's /metrics (prometheus_client) serves.
 const ContentType = "text/plain; version=0.0.4; charset=utf-8"
 
 // MetricsHandler serves SGLang's /metrics for the whole server. While the
 // server boots after a restart it refuses connections.
-func (s *Sim) MetricsHandler() http.Handler {
-	return s.whileUp(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		body := s.MetricsText()
+func (s *Sim) MetricsHandler() http.Handler { return metricsHandler(s.Booting, s.MetricsText) }
+
+// metricsHandler serves render() as a /metrics payload, refusing
+// connections while down() holds.
+func metricsHandler(down func() bool, render func() []byte) http.Handler {
+	return refuseWhile(down, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		body := render()
 		w.Header().Set("Content-Type", ContentType)
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
@@ -256,27 +286,7 @@ func (s *Sim) MetricsText() []byte {
 	var sched []series
 	switch era {
 	case EraName, EraModelName, EraEngineType:
-		// No rank labels: multiprocess mode keeps the most recent gauge
-		// value and sums counters and histograms over the processes.
-		merged := snaps[0]
-		for i := 1; i < len(snaps); i++ {
-			m := &snaps[i]
-			if m.lastLog.After(merged.lastLog) {
-				merged.g, merged.lastLog = m.g, m.lastLog
-			}
-			merged.bootstrapFailed += m.bootstrapFailed
-			merged.transferFailed += m.transferFailed
-			merged.retries += m.retries
-			merged.loopIterations += m.loopIterations
-			merged.realtimeCompute += m.realtimeCompute
-			merged.realtimeCache += m.realtimeCache
-			for j := range merged.stages {
-				merged.stages[j].add(&m.stages[j])
-			}
-			for j := range merged.kv {
-				merged.kv[j].add(&m.kv[j])
-			}
-		}
+		merged := mergeProcesses(snaps)
 		sched = []series{{base: schedLabels(era, model, "", 0, 0, false), pid: pids[0], m: &merged}}
 	default:
 		for i, r := range s.ranks {

@@ -71,18 +71,9 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 	r := s.ranks[rank]
 	r.mu.Lock()
 	// Clarification 2 and round 2: answer at once from the latest observation.
-	q, ok := r.byRID[req.RID]
-	if !ok {
+	if _, st, resp, refused := lookupOrder(req, r.byRID); refused {
 		r.mu.Unlock()
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
-		r.mu.Unlock()
-		return roomMismatch(req.RID, q.room)
-	}
-	if q.healthCheck() {
-		r.mu.Unlock()
-		return healthCheckAnswer(q.rid, q.room)
+		return st, resp
 	}
 	// After the lookup, as the plugin decides: a health check answers 409
 	// health_check even where no lever works.
@@ -91,16 +82,26 @@ func (s *Sim) ForceFail(ctx context.Context, rank int, req pluginapi.ForceFailRe
 		return 501, pluginapi.ForceFailResponse{Result: pluginapi.ResultUnsupported, RID: req.RID,
 			Error: "no lever releases a request on this SGLang: " + note}
 	}
-	if !r.running && !r.paused {
-		// Step-driven: apply inline, as the next pass would.
-		st, resp := r.applyOrder(s, req, s.clock.Now())
-		r.mu.Unlock()
+	return s.submit(ctx, r.mu, &r.pending, r.running || r.paused, req, func(now time.Time) (int, pluginapi.ForceFailResponse) {
+		return r.applyOrder(s, req, now)
+	})
+}
+
+// submit hands an order that passed the lookup to its scheduler and
+// unlocks mu (held by the caller). With no scheduler loop (step-driven) it
+// is applied inline, as the next pass would; else it is queued on pending
+// for the next pass and awaited.
+func (s *Sim) submit(ctx context.Context, mu *sync.Mutex, pending *[]*order, looping bool, req pluginapi.ForceFailRequest,
+	apply func(now time.Time) (int, pluginapi.ForceFailResponse)) (int, pluginapi.ForceFailResponse) {
+	if !looping {
+		st, resp := apply(s.clock.Now())
+		mu.Unlock()
 		return st, resp
 	}
 	o := &order{req: req, done: make(chan orderResult, 1)}
-	r.pending = append(r.pending, o)
-	r.mu.Unlock()
-	return s.await(ctx, o, r.mu, &r.pending)
+	*pending = append(*pending, o)
+	mu.Unlock()
+	return s.await(ctx, o, mu, pending)
 }
 
 // await waits for the scheduler to answer a queued order, or withdraws it

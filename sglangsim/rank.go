@@ -88,6 +88,8 @@ func (q *request) healthCheck() bool {
 	return q.fake || q.room == 0 || host == FakeBootstrapHost || strings.HasPrefix(q.rid, HealthCheckPrefix)
 }
 
+func (q *request) ids() (string, uint64) { return q.rid, q.room }
+
 func (q *request) lever(backend string) string {
 	if !q.fake && backend == BackendNIXL {
 		return pluginapi.LeverSendFailed
@@ -320,12 +322,7 @@ func (g *group) reset(s *Sim, now, up time.Time, gen int, quiet bool) {
 func (r *rank) reset(gen int) {
 	r.inflight = nil
 	clear(r.byRID)
-	for _, o := range r.pending {
-		o.state = orderClaimed
-		o.done <- orderResult{503, pluginapi.ForceFailResponse{
-			Result: pluginapi.ResultSchedulerUnresponsive, RID: o.req.RID,
-			Error: "the scheduler restarted before it picked the order up; the order was withdrawn"}}
-	}
+	withdrawOrders(r.pending)
 	r.pending = nil
 	r.inflightTk = 0
 	r.iterations = 0
@@ -1012,13 +1009,31 @@ func (r *rank) pruneOrphans(now time.Time) {
 // takeOrders applies the queued force-fail orders at the start of the
 // inflight pass (the plugin's hook, clarification 3).
 func (r *rank) takeOrders(s *Sim, now time.Time) {
-	for _, o := range r.pending {
+	takeOrders(&r.pending, func(req pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse) {
+		return r.applyOrder(s, req, now)
+	})
+}
+
+// withdrawOrders answers the orders a restarting scheduler never picked up.
+func withdrawOrders(pending []*order) {
+	for _, o := range pending {
 		o.state = orderClaimed
-		st, resp := r.applyOrder(s, o.req, now)
+		o.done <- orderResult{503, pluginapi.ForceFailResponse{
+			Result: pluginapi.ResultSchedulerUnresponsive, RID: o.req.RID,
+			Error: "the scheduler restarted before it picked the order up; the order was withdrawn"}}
+	}
+}
+
+// takeOrders claims and answers every queued order with apply, and empties
+// the queue. Callers hold the lock that guards pending.
+func takeOrders(pending *[]*order, apply func(pluginapi.ForceFailRequest) (int, pluginapi.ForceFailResponse)) {
+	for _, o := range *pending {
+		o.state = orderClaimed
+		st, resp := apply(o.req)
 		o.done <- orderResult{st, resp}
 	}
-	clear(r.pending)
-	r.pending = r.pending[:0]
+	clear(*pending)
+	*pending = (*pending)[:0]
 }
 
 // levers are the plugin's levers on this SGLang (server.levers), in the
@@ -1040,15 +1055,9 @@ func (s *Sim) levers() ([]string, string) {
 // the levers (round 2: health check, transfer succeeded, already failed,
 // dry run, flip). Callers hold r.mu.
 func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time) (int, pluginapi.ForceFailResponse) {
-	q, ok := r.byRID[req.RID]
-	if !ok {
-		return notFound(req.RID)
-	}
-	if req.BootstrapRoom != nil && *req.BootstrapRoom != q.room {
-		return roomMismatch(req.RID, q.room)
-	}
-	if q.healthCheck() {
-		return healthCheckAnswer(q.rid, q.room)
+	q, code, refusal, refused := lookupOrder(req, r.byRID)
+	if refused {
+		return code, refusal
 	}
 	sd := q.senders[r.pp]
 	if st, _ := r.status(s, sd, now); st == pollSuccess {
@@ -1084,6 +1093,33 @@ func (sd *sender) leversSet(levers []string) []string {
 		}
 	}
 	return set
+}
+
+// listed is a prefill or decode request as a force-fail order finds it.
+type listed interface {
+	ids() (rid string, room uint64)
+	healthCheck() bool
+}
+
+// lookupOrder finds the request an order names, or gives the answer the
+// plugin gives before any lever is looked at: the rid is not listed, the
+// order names another room, or the request is a health check.
+func lookupOrder[T listed](req pluginapi.ForceFailRequest, byRID map[string]T) (t T, st int, resp pluginapi.ForceFailResponse, refused bool) {
+	t, ok := byRID[req.RID]
+	if !ok {
+		st, resp = notFound(req.RID)
+		return t, st, resp, true
+	}
+	rid, room := t.ids()
+	if req.BootstrapRoom != nil && *req.BootstrapRoom != room {
+		st, resp = roomMismatch(req.RID, room)
+		return t, st, resp, true
+	}
+	if t.healthCheck() {
+		st, resp = healthCheckAnswer(rid, room)
+		return t, st, resp, true
+	}
+	return t, 0, resp, false
 }
 
 func notFound(rid string) (int, pluginapi.ForceFailResponse) {

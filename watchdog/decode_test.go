@@ -30,8 +30,7 @@ type fakeDecode struct {
 	// startedNow marks transfers that began after the last listing: the
 	// plugin checks its live state, the listing lags.
 	startedNow map[string]bool
-	beforeRead func(read int)
-	reads      int
+	readHook
 }
 
 func newFakeDecode(target string, dp int) *fakeDecode {
@@ -42,13 +41,7 @@ func newFakeDecode(target string, dp int) *fakeDecode {
 func (f *fakeDecode) Target() string { return f.target }
 
 func (f *fakeDecode) Inflight(context.Context) (*pluginapi.Listing, error) {
-	f.mu.Lock()
-	f.reads++
-	read, hook := f.reads, f.beforeRead
-	f.mu.Unlock()
-	if hook != nil {
-		hook(read)
-	}
+	f.begin(&f.mu)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.iterations += 100
@@ -175,14 +168,7 @@ func newDecodeHarness(t *testing.T, prefill []*fakePlugin, decode []*fakeDecode,
 	for _, d := range decode {
 		cfg.Plugins = append(cfg.Plugins, d)
 	}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	wd, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.wd = wd
+	h.wd = newWatchdog(t, cfg, mutate)
 	h.wd.ScrapeMetrics(context.Background())
 	return h
 }

@@ -51,6 +51,21 @@ func combined(t *testing.T, prefillRoom pluginapi.Room) (*decodeHarness, *fakePl
 	return newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil), p, d
 }
 
+// wantHeldLive checks that room 11 was released on prefill once, that its
+// verdict is live, and that its decode request was held.
+func wantHeldLive(t *testing.T, h *decodeHarness, p *fakePlugin, d *fakeDecode) {
+	t.Helper()
+	if p.callCount() != 1 {
+		t.Fatalf("prefill calls %d, want 1", p.callCount())
+	}
+	if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+		t.Fatalf("verdict %+v, want live", v)
+	}
+	if n := len(d.orders()); n != 0 {
+		t.Fatalf("%d decode calls, want the request held", n)
+	}
+}
+
 func TestLedgerVerdicts(t *testing.T) {
 	t.Run("released with nothing in flight: stopped, decode released", func(t *testing.T) {
 		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
@@ -90,28 +105,12 @@ func TestLedgerVerdicts(t *testing.T) {
 		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
 		p.server.TransferTracking = nil
 		h.tick(110)
-		if p.callCount() != 1 {
-			t.Fatalf("prefill calls %d, want 1", p.callCount())
-		}
-		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
-			t.Fatalf("verdict %+v, want live", v)
-		}
-		if n := len(d.orders()); n != 0 {
-			t.Fatalf("%d decode calls, want the request held", n)
-		}
+		wantHeldLive(t, h, p, d)
 	})
 	t.Run("in flight at release: live", func(t *testing.T) {
 		h, p, d := combined(t, r2room("a", 11, 0, 0, true))
 		h.tick(110)
-		if p.callCount() != 1 {
-			t.Fatalf("prefill calls %d, want 1", p.callCount())
-		}
-		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
-			t.Fatalf("verdict %+v, want live", v)
-		}
-		if n := len(d.orders()); n != 0 {
-			t.Fatalf("%d decode calls, want the request held", n)
-		}
+		wantHeldLive(t, h, p, d)
 	})
 	t.Run("still in the prefill queue: in_queue", func(t *testing.T) {
 		r := r2room("a", 11, 0, 0, false)

@@ -22,11 +22,8 @@ type fakePlugin struct {
 	iterations uint64
 	rooms      []pluginapi.Room
 	listErr    error
-	// onRecheck, if set, runs on every listing read made while an admin
-	// decision is pending (the actuator's re-read).
-	reads  int
-	answer func(pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error)
-	calls  []pluginapi.ForceFailRequest
+	answer     func(pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error)
+	calls      []pluginapi.ForceFailRequest
 	// freezeLoop stops the loop counter.
 	freezeLoop bool
 	// orphans is the listing's orphaned_transfers (round 2).
@@ -34,8 +31,25 @@ type fakePlugin struct {
 	// restartAnswer answers POST /admin/restart; nil answers 202.
 	restartAnswer func(pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
 	restarts      []pluginapi.RestartRequest
-	// beforeRead runs at the start of each read, under no lock.
+	readHook
+}
+
+// readHook counts a fake plugin's listing reads; beforeRead, if set, runs
+// at the start of each read, under no lock.
+type readHook struct {
+	reads      int
 	beforeRead func(read int)
+}
+
+// begin counts a read under mu, then runs beforeRead outside it.
+func (h *readHook) begin(mu *sync.Mutex) {
+	mu.Lock()
+	h.reads++
+	read, hook := h.reads, h.beforeRead
+	mu.Unlock()
+	if hook != nil {
+		hook(read)
+	}
 }
 
 func newFakePlugin(target string, dp int) *fakePlugin {
@@ -45,13 +59,7 @@ func newFakePlugin(target string, dp int) *fakePlugin {
 func (f *fakePlugin) Target() string { return f.target }
 
 func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {
-	f.mu.Lock()
-	f.reads++
-	read, hook := f.reads, f.beforeRead
-	f.mu.Unlock()
-	if hook != nil {
-		hook(read)
-	}
+	f.begin(&f.mu)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.listErr != nil {
@@ -191,6 +199,14 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 		defer h.mu.Unlock()
 		h.events = append(h.events, e)
 	}
+	h.wd = newWatchdog(t, cfg, mutate)
+	return h
+}
+
+// newWatchdog builds a watchdog from cfg changed by mutate (if not nil),
+// failing the test on a configuration error.
+func newWatchdog(t *testing.T, cfg Config, mutate func(*Config)) *Watchdog {
+	t.Helper()
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -198,8 +214,7 @@ func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.wd = wd
-	return h
+	return wd
 }
 
 // tick advances every clock by one second and runs one cycle.

@@ -43,13 +43,11 @@ from .observe import (
 from .orders import (
     DEFAULT_REASON,
     Outcome,
-    health_check,
     internal_error,
-    is_health_check,
     not_found,
-    room_mismatch,
+    record_failure,
+    screen,
     transfer_succeeded,
-    unsupported,
 )
 
 logger = logging.getLogger("sglang_watchdog_plugin")
@@ -315,16 +313,11 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
     queue, decode_req = found
     req = decode_req.req
     room = request_room(req)
-    if order.bootstrap_room is not None and room != order.bootstrap_room:
-        return room_mismatch(order.rid, room, WHERE)
-    if is_health_check(order.rid, room, getattr(req, "bootstrap_host", None)):
-        return health_check(order.rid, room)
     receiver = getattr(decode_req, "kv_receiver", None)
-    if receiver is None:
-        return internal_error(order.rid, "the request has no KV receiver to abort")
-    caps = capabilities_for(receiver)
-    if not caps.levers:
-        return unsupported(order.rid, caps.note)
+    refused, caps = screen(order, room, getattr(req, "bootstrap_host", None), receiver,
+                           "the request has no KV receiver to abort", capabilities_for, WHERE)
+    if refused is not None:
+        return refused
     view = observe_receiver(receiver, room)
     if view.poll == SUCCESS:
         return transfer_succeeded(order.rid, room)
@@ -346,7 +339,7 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
             logger.exception("rid=%s bootstrap_room=%s: the receiver's abort() raised", order.rid, room)
             return internal_error(order.rid, "the receiver's abort() raised; see the scheduler log")
         levers = [ABORT]
-        _record_failure(manager, room, reason)
+        record_failure(manager, room, reason, "the receiver is aborted anyway")
         # What Scheduler.abort_request does after abort() for the transfer queue.
         if would_defer and getattr(receiver, "abort_notified", False) is True:
             try:
@@ -361,17 +354,6 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
                        ",".join(levers))
     return Outcome(200, {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": "conclude_state",
                          "levers": levers, "applied_unix": time.time()})
-
-
-def _record_failure(manager, room, reason):
-    # Replaces abort()'s "Aborted by AbortReq." in SGLang's "Decode transfer failed ..." line.
-    record = getattr(manager, "record_failure", None)
-    if record is None:
-        return
-    try:
-        record(room, reason)
-    except Exception:
-        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the receiver is aborted anyway", room)
 
 
 def transfer_live(rid, room, started):

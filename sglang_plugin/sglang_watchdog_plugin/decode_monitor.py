@@ -17,15 +17,13 @@ poll and progress are re-read every REOBSERVE_INTERVAL_S and right after an
 order was handled, which also lets go of requests that left.
 """
 
-import os
 import time
 from typing import NamedTuple
 
 from . import decode
-from .identity import sglang_version
-from .monitor import _NO_SENDER_YET, API_VERSION, Monitor, logger
+from .monitor import _NO_SENDER_YET, Monitor, logger
 from .observe import poll_name
-from .orders import internal_error, is_health_check
+from .orders import is_health_check
 
 _NO_RECEIVER_YET = _NO_SENDER_YET.replace("KV sender", "KV receiver")
 
@@ -62,6 +60,7 @@ _EMPTY = DecodeSnapshot(prealloc_members=(), transfer_members=(), rooms={})
 class DecodeMonitor(Monitor):
     mode = "decode"
     where = decode.WHERE
+    no_lever_yet = _NO_RECEIVER_YET
 
     def __init__(self, identity):
         super().__init__(identity)
@@ -82,15 +81,11 @@ class DecodeMonitor(Monitor):
                 self._resolve_receiver(receiver_cls)
             manager = getattr(getattr(scheduler, "disagg_decode_prealloc_queue", None), "kv_manager", None)
             self.deferred_release = decode.deferred_release(manager)
-        except Exception as e:  # never guess: no lever until the code can be read
-            logger.exception("sglang-watchdog plugin could not work out the decode lever of this SGLang")
-            self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
-            self.capabilities = decode.Capabilities((), self._pass_problem)
-        caps = self.capabilities
+        except Exception as e:
+            self._cannot_inspect(e, "decode lever")
         logger.info(
             "sglang-watchdog plugin levers on this SGLang (decode): %s%s; deferred decode KV release: %s",
-            ",".join(caps.levers) if caps and caps.levers else "none",
-            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({_NO_RECEIVER_YET})",
+            *self._lever_summary(),
             {True: "on", False: "off", None: "not in this release"}[self.deferred_release],
         )
 
@@ -111,7 +106,9 @@ class DecodeMonitor(Monitor):
             self.iterations += 1
             self.last_iteration_unix = time.time()
             if self._orders:
-                self._handle_decode_orders(scheduler)
+                self._handle_orders(lambda order: decode.apply_order(order, scheduler, self.capabilities_for,
+                                                                     self._note_deferred),
+                                    "decode force-fail order")
             prealloc, transfer = decode.queues(scheduler)
             self._total_before_pass = len(prealloc) + len(transfer)
             if len(prealloc) != self._known_prealloc or len(transfer) != self._known_transfer:
@@ -131,20 +128,6 @@ class DecodeMonitor(Monitor):
                 self._publish(prealloc, transfer, now, newcomers=len(prealloc) + len(transfer) > self._total_before_pass)
         except Exception:
             self._log_error("after the decode queue pass")
-
-    def _handle_decode_orders(self, scheduler):
-        while self._orders:
-            order = self._orders.popleft()
-            if not order.claim():
-                continue  # withdrawn after its timeout: never apply it
-            outcome = internal_error(order.rid, "the plugin failed while applying the order; see the scheduler log")
-            try:
-                outcome = decode.apply_order(order, scheduler, self.capabilities_for, self._note_deferred)
-            except Exception:
-                logger.exception("applying a decode force-fail order for rid=%s failed", order.rid)
-            finally:
-                order.finish(outcome)
-                self._handled_order = True
 
     def _note_deferred(self, decode_req, registered):
         if registered:
@@ -230,29 +213,11 @@ class DecodeMonitor(Monitor):
     def _known_facts(self, rid):
         return next((facts for _, facts, _, _ in _listed(self.snapshot) if facts.rid == rid), None)
 
-    def listing(self):
-        snapshot = self.snapshot
-        now = time.perf_counter()
-        ident = self.identity
-        caps = self.capabilities
+    def _server_extras(self):
+        return {"deferred_release": self.deferred_release}
+
+    def _queues_json(self, snapshot, now):
         return {
-            "api_version": API_VERSION,
-            "server": {
-                "pid": os.getpid(),
-                "dp_rank": ident.dp_rank,
-                "pp_rank": ident.pp_rank,
-                "tp_rank": ident.tp_rank,
-                "disaggregation_mode": ident.mode,
-                "transfer_backend": ident.backend,
-                "sglang_version": sglang_version(),
-                "levers": list(caps.levers) if caps is not None else [],
-                "lever_note": caps.note if caps is not None else _NO_RECEIVER_YET,
-                "pp_size": ident.pp_size,
-                "transfer_queues": None,
-                "deferred_release": self.deferred_release,
-            },
-            "now_unix": time.time(),
-            "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
             "queues": {"bootstrap": 0, "waiting": 0, "inflight": 0,
                        "prealloc": len(snapshot.prealloc_members), "transfer": len(snapshot.transfer_members)},
             # Empty on decode, so that a watchdog predating decode listings finds nothing to act on.

@@ -93,6 +93,7 @@ _EMPTY = Snapshot(members=(), rooms={}, inflight=0, bootstrap=0, waiting=0, orph
 class Monitor:
     mode = "prefill"
     where = "inflight"  # how not_found and room_mismatch answers name the queue
+    no_lever_yet = _NO_SENDER_YET  # lever_note (listing, load log) until the first sender is seen
 
     def __init__(self, identity):
         self.identity = identity
@@ -144,15 +145,22 @@ class Monitor:
             if manager is not None:
                 self.transfer_queues = self._queue_key(manager).count
                 self.transfer_tracking = capabilities.transfer_tracking(manager)
-        except Exception as e:  # never guess: no lever until the code can be read
-            logger.exception("sglang-watchdog plugin could not work out the levers of this SGLang")
-            self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
-            self.capabilities = capabilities.Capabilities((), self._pass_problem)
+        except Exception as e:
+            self._cannot_inspect(e, "levers")
+        logger.info("sglang-watchdog plugin levers on this SGLang: %s%s", *self._lever_summary())
+
+    def _cannot_inspect(self, e, what):
+        """From configure's except block: never guess, no lever until the code can be read."""
+        logger.exception("sglang-watchdog plugin could not work out the %s of this SGLang", what)
+        self._pass_problem = f"the plugin could not inspect this SGLang ({type(e).__name__}: {e})"
+        self.capabilities = capabilities.Capabilities((), self._pass_problem)
+
+    def _lever_summary(self):
+        """The levers and their note, as the load-time log line shows them."""
         caps = self.capabilities
-        logger.info(
-            "sglang-watchdog plugin levers on this SGLang: %s%s",
+        return (
             ",".join(caps.levers) if caps and caps.levers else "none",
-            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({_NO_SENDER_YET})",
+            f" ({caps.note})" if caps and caps.note else "" if caps else f" ({self.no_lever_yet})",
         )
 
     def capabilities_for(self, sender):
@@ -182,7 +190,7 @@ class Monitor:
             self.last_iteration_unix = time.time()
             queue = scheduler.disagg_prefill_inflight_queue
             if self._orders:
-                self._handle_orders(queue)
+                self._handle_orders(lambda order: apply_order(order, queue, self.capabilities_for))
             self._length_before_pass = len(queue)
             if len(queue) != self.snapshot.inflight:
                 self._publish(scheduler, queue, self._newcomers(queue), time.perf_counter())
@@ -203,16 +211,17 @@ class Monitor:
         except Exception:
             self._log_error("after the inflight pass")
 
-    def _handle_orders(self, queue):
+    def _handle_orders(self, apply, what="force-fail order"):
+        """Applies the pending orders with apply(order) -> Outcome; what names them in the log."""
         while self._orders:
             order = self._orders.popleft()
             if not order.claim():
                 continue  # withdrawn after its timeout: never apply it
             outcome = internal_error(order.rid, "the plugin failed while applying the order; see the scheduler log")
             try:
-                outcome = apply_order(order, queue, self.capabilities_for)
+                outcome = apply(order)
             except Exception:
-                logger.exception("applying a force-fail order for rid=%s failed", order.rid)
+                logger.exception("applying a %s for rid=%s failed", what, order.rid)
             finally:
                 order.finish(outcome)
                 self._handled_order = True
@@ -346,24 +355,36 @@ class Monitor:
         now = time.perf_counter()
         ident = self.identity
         caps = self.capabilities
-        return {
+        server = {
+            "pid": os.getpid(),
+            "dp_rank": ident.dp_rank,
+            "pp_rank": ident.pp_rank,
+            "tp_rank": ident.tp_rank,
+            "disaggregation_mode": ident.mode,
+            "transfer_backend": ident.backend,
+            "sglang_version": sglang_version(),
+            "levers": list(caps.levers) if caps is not None else [],
+            "lever_note": caps.note if caps is not None else self.no_lever_yet,
+            "pp_size": ident.pp_size,
+            "transfer_queues": self.transfer_queues,
+        }
+        server.update(self._server_extras())
+        body = {
             "api_version": API_VERSION,
-            "server": {
-                "pid": os.getpid(),
-                "dp_rank": ident.dp_rank,
-                "pp_rank": ident.pp_rank,
-                "tp_rank": ident.tp_rank,
-                "disaggregation_mode": ident.mode,
-                "transfer_backend": ident.backend,
-                "sglang_version": sglang_version(),
-                "levers": list(caps.levers) if caps is not None else [],
-                "lever_note": caps.note if caps is not None else _NO_SENDER_YET,
-                "pp_size": ident.pp_size,
-                "transfer_queues": self.transfer_queues,
-                "transfer_tracking": self.transfer_tracking,
-            },
+            "server": server,
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
+        }
+        body.update(self._queues_json(snapshot, now))
+        return body
+
+    def _server_extras(self):
+        """The listing's server fields of this mode alone, after the shared ones."""
+        return {"transfer_tracking": self.transfer_tracking}
+
+    def _queues_json(self, snapshot, now):
+        """The listing's queue counts and rows, after the server and loop fields."""
+        return {
             "queues": {"bootstrap": snapshot.bootstrap, "waiting": snapshot.waiting, "inflight": snapshot.inflight},
             "inflight": [_room_json(room, now) for room in _listed(snapshot)],
             "orphaned_transfers": [

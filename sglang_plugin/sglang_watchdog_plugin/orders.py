@@ -65,6 +65,24 @@ class ForceFailOrder:
         return self._outcome
 
 
+def screen(order, room, host, holder, no_holder, capabilities_for, where="inflight"):
+    """The refusals an order meets before its transfer is read, in this order: another room, a health check,
+    no KV sender or receiver (``holder`` None; ``no_holder`` is the error), no lever for the holder's class.
+
+    Returns (refusal, None), or (None, the holder's capabilities).
+    """
+    if order.bootstrap_room is not None and room != order.bootstrap_room:
+        return room_mismatch(order.rid, room, where), None
+    if is_health_check(order.rid, room, host):
+        return health_check(order.rid, room), None
+    if holder is None:
+        return internal_error(order.rid, no_holder), None
+    capabilities = capabilities_for(holder)
+    if not capabilities.levers:
+        return unsupported(order.rid, capabilities.note), None
+    return None, capabilities
+
+
 def apply_order(order, queue, capabilities_for):
     """Scheduler thread: decides the order against the live inflight queue and applies it.
 
@@ -74,16 +92,11 @@ def apply_order(order, queue, capabilities_for):
     if req is None:
         return not_found(order.rid)
     room = getattr(req, "bootstrap_room", None)
-    if order.bootstrap_room is not None and room != order.bootstrap_room:
-        return room_mismatch(order.rid, room)
-    if is_health_check(order.rid, room, getattr(req, "bootstrap_host", None)):
-        return health_check(order.rid, room)
     sender = getattr(req, "disagg_kv_sender", None)
-    if sender is None:
-        return internal_error(order.rid, "the request has no KV sender to fail")
-    capabilities = capabilities_for(sender)
-    if not capabilities.levers:
-        return unsupported(order.rid, capabilities.note)
+    refused, capabilities = screen(order, room, getattr(req, "bootstrap_host", None), sender,
+                                   "the request has no KV sender to fail", capabilities_for)
+    if refused is not None:
+        return refused
 
     poll = observe(sender, room)[0]
     if poll == FAILED:  # a lever is set, or the status already reads Failed
@@ -96,7 +109,7 @@ def apply_order(order, queue, capabilities_for):
     else:
         reason = DEFAULT_REASON if order.reason is None else f"{DEFAULT_REASON}: {order.reason}"
         levers = _pull(sender, room, capabilities.levers, order.rid)
-        _record_failure(sender, room, reason)
+        record_failure(getattr(sender, "kv_mgr", None), room, reason)
         result = "flipped"
         logger.warning("rid=%s bootstrap_room=%s %s (levers %s)", order.rid, room, reason, ",".join(levers))
     return Outcome(
@@ -151,17 +164,18 @@ def _status(sender, room):
         return UNKNOWN
 
 
-def _record_failure(sender, room, reason):
+def record_failure(manager, room, reason, carry_on="the levers are pulled anyway"):
     # Backends that keep failure records surface the reason in SGLang's own
-    # "Prefill transfer failed ... with exception ..." log line; this replaces
-    # abort()'s "Aborted by AbortReq.".
-    record = getattr(getattr(sender, "kv_mgr", None), "record_failure", None)
+    # "Prefill/Decode transfer failed ... with exception ..." log line; this
+    # replaces abort()'s "Aborted by AbortReq.". carry_on says what happens
+    # when the record fails.
+    record = getattr(manager, "record_failure", None)
     if record is None:
         return
     try:
         record(room, reason)
     except Exception:
-        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; the levers are pulled anyway", room)
+        logger.exception("kv_mgr.record_failure failed for bootstrap_room=%s; %s", room, carry_on)
 
 
 def health_check(rid, room):

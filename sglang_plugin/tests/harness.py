@@ -3,8 +3,12 @@
 import http.client
 import json
 import os
+import re
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from unittest import mock
 
 from sglang_watchdog_plugin import hook
@@ -97,3 +101,33 @@ def wait_until(predicate, timeout=5.0, message="condition not reached"):
         if time.monotonic() > deadline:
             raise AssertionError(message)
         time.sleep(0.005)
+
+
+def launch_standin(test, script, args, ready=r"READY plugin=(\d+) metrics=(\d+)\n"):
+    """Starts a stand-in server script on free ports; the process is killed at the test's cleanup.
+
+    Returns the process and the match of its READY line against ``ready`` (the plugin port, the metrics port).
+    """
+    proc = subprocess.Popen([sys.executable, script, "--port", "0", "--metrics-port", "0", *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    test.addCleanup(stop_process, proc)
+    line = proc.stdout.readline().decode()
+    match = re.fullmatch(ready, line)
+    if match is None:  # the process died or printed something else: show why
+        proc.kill()
+        test.fail(f"no READY line: {line!r}\n{proc.stderr.read().decode()}")
+    return proc, match
+
+
+def stop_process(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for stream in (proc.stdout, proc.stderr, proc.stdin):
+        stream.close()
+
+
+def metric(port, name):
+    """The value of the first sample of ``name`` on 127.0.0.1:port/metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)[1])

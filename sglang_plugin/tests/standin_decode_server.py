@@ -87,19 +87,22 @@ show the live queue lengths):
     sglang:num_transfer_failed_reqs_total{model_name="standin"} <count>
 """
 
-import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sglang_watchdog_plugin import hook  # noqa: E402
 from tests import standins  # noqa: E402
+from tests.standin_server import (  # noqa: E402
+    log_instead_of_kill,
+    plugin_environment,
+    serve_metrics,
+    standin_parser,
+    stop_event,
+)
 
 PASS_INTERVAL_S = 0.01
 CHUNK_PERIOD_S = 0.1
@@ -166,39 +169,12 @@ def metrics_text(scheduler):
                    for name, kind, text, label, value in series).encode()
 
 
-def serve_metrics(scheduler, port):
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path.split("?", 1)[0] != "/metrics":
-                self.send_error(404)
-                return
-            body = metrics_text(scheduler)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--metrics-port", type=int, default=0)
-    parser.add_argument("--token-file", default="")
-    parser.add_argument("--backend", choices=("nixl", "mooncake"), default="nixl")
+    parser = standin_parser(__doc__)
     parser.add_argument("--deferred-release", choices=("on", "off", "absent"), default="on")
     parser.add_argument("--prefill-acks", choices=("yes", "no"), default="yes")
     parser.add_argument("--deferred-timeout", type=float, default=standins.DEFERRED_RELEASE_TIMEOUT_S)
     parser.add_argument("--live-room", type=int, default=LIVE_ROOM)
-    parser.add_argument("--allow-restart", action="store_true")
     args = parser.parse_args()
     if args.deferred_timeout <= 0:
         parser.error("--deferred-timeout must be above 0")
@@ -206,13 +182,7 @@ def main():
         parser.error("--live-room must be a room below 2^64, above 0 and not another request's")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    os.environ.update({
-        "SGLANG_WATCHDOG_PLUGIN_HOST": "127.0.0.1",
-        "SGLANG_WATCHDOG_PLUGIN_PORT": str(args.port),
-        "SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": args.token_file,
-        "SGLANG_WATCHDOG_PLUGIN_DISABLE": "",
-        "SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART": "1" if args.allow_restart else "",
-    })
+    plugin_environment(args.port, args.token_file, args.allow_restart)
     hook.install(standins.DecodeMixin, hook.DECODE_METHOD)
     deferred = {"on": True, "off": False, "absent": None}[args.deferred_release]
     scheduler, tick = decode_scenario(args.backend, deferred, args.prefill_acks == "yes", args.deferred_timeout,
@@ -223,21 +193,9 @@ def main():
     if monitor is None:
         print("the plugin did not start its listener; see the log above", file=sys.stderr)
         return 1
-    monitor.kill = lambda pid, sig: logging.getLogger("standin").info(
-        "not sending signal %d to parent %d: it is the test runner, not SGLang's launcher", sig, pid)
-    metrics = serve_metrics(scheduler, args.metrics_port)
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-
-    def watch_stdin():
-        # os.read, not sys.stdin: a daemon thread blocked inside a buffered
-        # reader aborts interpreter shutdown after SIGTERM.
-        while os.read(0, 4096):
-            pass
-        stop.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    log_instead_of_kill(monitor)
+    metrics = serve_metrics(lambda: metrics_text(scheduler), args.metrics_port)
+    stop = stop_event()
     print(f"READY plugin={monitor.listener.port} metrics={metrics.server_address[1]}", flush=True)
     while not stop.wait(0.5):
         pass

@@ -197,13 +197,14 @@ def metrics_text(schedulers):
     ).encode()
 
 
-def serve_metrics(schedulers, port):
+def serve_metrics(render, port):
+    """Serves render() (exposition bytes) on /metrics of 127.0.0.1:port from a daemon thread."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             if self.path.split("?", 1)[0] != "/metrics":
                 self.send_error(404)
                 return
-            body = metrics_text(schedulers)
+            body = render()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -219,16 +220,54 @@ def serve_metrics(schedulers, port):
     return server
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def standin_parser(doc):
+    """The flags every stand-in server takes; the caller adds its scene's own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", 1)[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--metrics-port", type=int, default=0)
     parser.add_argument("--token-file", default="")
     parser.add_argument("--backend", choices=("nixl", "mooncake"), default="nixl")
+    parser.add_argument("--allow-restart", action="store_true")
+    return parser
+
+
+def plugin_environment(port, token_file, allow_restart):
+    """Sets the plugin's settings from the flags, as an operator would in SGLang's environment."""
+    os.environ.update({
+        "SGLANG_WATCHDOG_PLUGIN_HOST": "127.0.0.1",
+        "SGLANG_WATCHDOG_PLUGIN_PORT": str(port),
+        "SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": token_file,
+        "SGLANG_WATCHDOG_PLUGIN_DISABLE": "",
+        "SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART": "1" if allow_restart else "",
+    })
+
+
+def log_instead_of_kill(monitor):
+    monitor.kill = lambda pid, sig: logging.getLogger("standin").info(
+        "not sending signal %d to parent %d: it is the test runner, not SGLang's launcher", sig, pid)
+
+
+def stop_event():
+    """An event set on SIGTERM or when stdin closes."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+
+    def watch_stdin():
+        # os.read, not sys.stdin: a daemon thread blocked inside a buffered
+        # reader aborts interpreter shutdown after SIGTERM.
+        while os.read(0, 4096):
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    return stop
+
+
+def main():
+    parser = standin_parser(__doc__)
     parser.add_argument("--scenario", choices=("parity", "wedge"), default="parity")
     parser.add_argument("--era", choices=("newest", "mid2025", "early"), default="newest")
     parser.add_argument("--pp-size", type=int, choices=(1, 2), default=1)
-    parser.add_argument("--allow-restart", action="store_true")
     args = parser.parse_args()
     if args.era == "mid2025" and args.backend != "nixl":
         parser.error("--era mid2025 copies mid-2025 NIXL: use --backend nixl")
@@ -239,13 +278,7 @@ def main():
     base_port = args.port
     if args.pp_size == 2 and base_port == 0:
         base_port = free_port_pair()
-    os.environ.update({
-        "SGLANG_WATCHDOG_PLUGIN_HOST": "127.0.0.1",
-        "SGLANG_WATCHDOG_PLUGIN_PORT": str(base_port),
-        "SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": args.token_file,
-        "SGLANG_WATCHDOG_PLUGIN_DISABLE": "",
-        "SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART": "1" if args.allow_restart else "",
-    })
+    plugin_environment(base_port, args.token_file, args.allow_restart)
     for mixin in (standins.PrefillMixin, standins.OldPrefillMixin, standins.EarlyPrefillMixin):
         hook.install(mixin)
     if args.pp_size == 2:
@@ -261,22 +294,10 @@ def main():
         print("the plugin did not start its listener; see the log above", file=sys.stderr)
         return 1
     for monitor in monitors:
-        monitor.kill = lambda pid, sig: logging.getLogger("standin").info(
-            "not sending signal %d to parent %d: it is the test runner, not SGLang's launcher", sig, pid)
+        log_instead_of_kill(monitor)
     schedulers = [scheduler for scheduler, _ in scenes]
-    metrics = serve_metrics(schedulers, args.metrics_port)
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-
-    def watch_stdin():
-        # os.read, not sys.stdin: a daemon thread blocked inside a buffered
-        # reader aborts interpreter shutdown after SIGTERM.
-        while os.read(0, 4096):
-            pass
-        stop.set()
-
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    metrics = serve_metrics(lambda: metrics_text(schedulers), args.metrics_port)
+    stop = stop_event()
     suffix = f" pp_size={args.pp_size}" if args.pp_size > 1 else ""
     print(f"READY plugin={monitors[0].listener.port} metrics={metrics.server_address[1]}{suffix}", flush=True)
     while not stop.wait(0.5):

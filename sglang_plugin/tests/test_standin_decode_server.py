@@ -1,11 +1,9 @@
 """The decode stand-in server the Go tests start: its documented scene, over real HTTP."""
 
 import os
-import re
 import subprocess
 import sys
 import unittest
-import urllib.request
 
 from . import harness
 
@@ -14,27 +12,12 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_decod
 
 class StandinDecodeServerTest(unittest.TestCase):
     def launch(self, *args):
-        proc = subprocess.Popen([sys.executable, SCRIPT, "--port", "0", "--metrics-port", "0", *args],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.addCleanup(self.stop, proc)
-        line = proc.stdout.readline().decode()
-        match = re.fullmatch(r"READY plugin=(\d+) metrics=(\d+)\n", line)
-        if match is None:
-            proc.kill()
-            self.fail(f"no READY line: {line!r}\n{proc.stderr.read().decode()}")
+        proc, match = harness.launch_standin(self, SCRIPT, args)
         self.metrics_port = int(match[2])
         return proc, harness.Client(int(match[1]))
 
-    def stop(self, proc):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for stream in (proc.stdout, proc.stderr, proc.stdin):
-            stream.close()
-
     def metric(self, name):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
-        return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)[1])
+        return harness.metric(self.metrics_port, name)
 
     def rows(self, client):
         return {row["rid"]: row for row in client.get_json()[1]["decode_requests"]}

@@ -1,7 +1,4 @@
 import os
-import re
-import subprocess
-import sys
 import tempfile
 import time
 import unittest
@@ -14,28 +11,10 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_serve
 
 class StandinServerTest(unittest.TestCase):
     def launch(self, *args):
-        proc = subprocess.Popen([sys.executable, SCRIPT, "--port", "0", "--metrics-port", "0", *args],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.addCleanup(self.stop, proc)
-        line = proc.stdout.readline().decode()
-        match = re.fullmatch(r"READY plugin=(\d+) metrics=(\d+)( pp_size=2)?\n", line)
-        if match is None:  # the process died or printed something else: show why
-            proc.kill()
-            self.fail(f"no READY line: {line!r}\n{proc.stderr.read().decode()}")
+        proc, match = harness.launch_standin(self, SCRIPT, args, r"READY plugin=(\d+) metrics=(\d+)( pp_size=2)?\n")
         return proc, harness.Client(int(match[1])), int(match[2])
 
-    def stop(self, proc):
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        proc.stdout.close()
-        proc.stderr.close()
-        if proc.stdin:
-            proc.stdin.close()
-
-    def metric(self, port, name):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        return float(re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)[1])
+    metric = staticmethod(harness.metric)
 
     def test_parity_scenario_nixl(self):
         proc, client, metrics_port = self.launch("--backend", "nixl", "--scenario", "parity")
