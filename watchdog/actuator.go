@@ -93,8 +93,9 @@ func (c candidate) trigger(t string) string {
 	return t
 }
 
-// candidates lists the requests that may be acted on: stuck ones oldest
-// first, then the fail-fast ones. Caller holds w.mu.
+// candidates lists the requests that may be acted on: stuck prefill
+// requests oldest first, stuck decode requests youngest first, then the
+// fail-fast ones. Caller holds w.mu.
 func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []candidate {
 	var out []candidate
 	seen := map[reqKey]int{}
@@ -132,13 +133,25 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		out[i].stages, out[i].blocked = w.stages(out[i].key)
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].failFast != out[j].failFast {
-			return !out[i].failFast
+		a, b := out[i], out[j]
+		if a.failFast != b.failFast {
+			return !a.failFast
 		}
-		if out[i].age != out[j].age {
-			return out[i].age > out[j].age
+		if a.key.role != b.key.role {
+			return a.key.role == RolePrefill
 		}
-		return out[i].key.rid < out[j].key.rid
+		if a.age != b.age {
+			// SGLang's own timeout frees a decode request at 300 s, so
+			// a release saves 300 s less its age: when the budget
+			// cannot take them all, the youngest gain the most (up to
+			// 120 s) and the oldest almost nothing. Nothing frees a
+			// stuck prefill room: the oldest has waited longest.
+			if a.key.role == RoleDecode {
+				return a.age < b.age
+			}
+			return a.age > b.age
+		}
+		return a.key.rid < b.key.rid
 	})
 	return out
 }
@@ -242,6 +255,12 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
 		}
 	}
+	// A request over its budget costs nothing: no verdict lookup, no
+	// re-read. This matters on decode, where a flood of stranded requests
+	// may all be candidates in one cycle.
+	if !w.callAvailable(c.budget()) {
+		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
+	}
 	// The safety rule comes before the re-reads: a held request costs its
 	// plugins no listing. The re-read below cancels the call if anything
 	// the rule read (poll, queue, transfer_started) changed since.
@@ -253,11 +272,6 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		if !cleared {
 			return held
 		}
-	}
-	// The re-reads below cost the plugins a full listing each: only make
-	// them for a call the rate limit would let through.
-	if !w.callAvailable(c.budget()) {
-		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
 	}
 	// Re-read every stage: the request must be there, unchanged, right
 	// before the call. Progress that arrived since the decision cancels it.

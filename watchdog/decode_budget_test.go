@@ -128,3 +128,39 @@ func TestDecodeBudgetStillHoldsStartedTransfers(t *testing.T) {
 		t.Fatalf("%d transfer_live skips, want 2", got)
 	}
 }
+
+// Over a saturated decode budget the youngest stuck requests go first:
+// SGLang's own 300 s timeout frees the oldest soon anyway. A request over
+// the budget costs no verdict lookup and no re-read.
+func TestDecodeBudgetYoungestFirstAndFreeWhenSpent(t *testing.T) {
+	d := newFakeDecode("http://127.0.0.1:30200", 0)
+	// First seen past the decode deadline (a watchdog restart, say): all
+	// three become stuck in one cycle, once the stall window has passed.
+	d.set(dreq("old", 11, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 260, boolp(true)),
+		dreq("mid", 12, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 230, boolp(false)),
+		dreq("young", 13, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 200, boolp(true)))
+	v := &fakeVerdicts{answer: verdictOf(pluginapi.VerdictStopped)}
+	h := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) { c.Verdicts, c.DecodePerMinute = v, 1 })
+	for i := 0; i < 60 && len(d.orders()) == 0; i++ {
+		h.tick(1)
+	}
+	if got := h.rank(RoleDecode).Stuck; got != 3 {
+		t.Fatalf("%d stuck, want all three at once", got)
+	}
+	orders := d.orders()
+	if len(orders) != 1 || orders[0].RID != "young" {
+		t.Fatalf("orders %+v, want only the youngest", orders)
+	}
+	lookups, reads := v.count(), d.reads
+	h.tick(30)
+	if n := len(d.orders()); n != 1 {
+		t.Fatalf("%d calls within the minute, want 1", n)
+	}
+	if v.count() != lookups || d.reads != reads+30 {
+		t.Fatalf("%d verdict lookups and %d re-reads for requests over the budget, want none", v.count()-lookups, d.reads-reads-30)
+	}
+	h.tick(30)
+	if orders := d.orders(); len(orders) != 2 || orders[1].RID != "mid" {
+		t.Fatalf("orders %+v, want the next youngest once the minute passed", orders)
+	}
+}
