@@ -204,9 +204,10 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 		if !until.IsZero() && !w.clock.Now().Before(until) {
 			return
 		}
-		// A lever set on a prefill rank may unblock its other stuck rooms:
-		// decide on them from the next listing. Nothing else is unblocked
-		// that way (budget), so those go on, each re-read before its call.
+		// A deadline lever set on a prefill rank may unblock its other
+		// stuck rooms: decide on them from the next listing. Fail-fast
+		// rooms (only a restart unblocks them) and decode requests (each
+		// waits on its own prefill room) go on, each re-read first.
 		if c.budget() == budgetDeadline && flipped[c.rank] {
 			continue
 		}
