@@ -73,3 +73,19 @@ func TestVerdictEndpointBehindWebConfig(t *testing.T) {
 		t.Fatalf("HTTP %d %+v %v; want an unknown verdict for the room", resp.StatusCode, v, err)
 	}
 }
+
+func TestDecodeBudgetFlag(t *testing.T) {
+	base := []string{"--sglang.metrics-url=off"}
+	cfg, err := watchdogConfig(parseRun(t, base...), log.NewNopLogger())
+	if err != nil || cfg.DecodePerMinute != 180 || cfg.MaxPerMinute != 6 || cfg.FailFastPerMinute != 180 {
+		t.Fatalf("defaults: decode %d, deadline %d, fail-fast %d, %v; want 180, 6, 180", cfg.DecodePerMinute, cfg.MaxPerMinute, cfg.FailFastPerMinute, err)
+	}
+	cfg, err = watchdogConfig(parseRun(t, append(base, "--decode.max-per-minute=30")...), log.NewNopLogger())
+	if err != nil || cfg.DecodePerMinute != 30 || cfg.MaxPerMinute != 6 {
+		t.Fatalf("decode %d, deadline %d, %v; want 30 and 6", cfg.DecodePerMinute, cfg.MaxPerMinute, err)
+	}
+	// Zero would read as "the default" in the watchdog's config.
+	if err := configError(t, append(base, "--decode.max-per-minute=0")...); err == nil || !strings.Contains(err.Error(), "--decode.max-per-minute") {
+		t.Fatalf("error %v, want one naming --decode.max-per-minute", err)
+	}
+}

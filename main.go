@@ -125,6 +125,7 @@ type decodeOptions struct {
 	prefillNetworks   []string
 	prefillHTTPConfig string
 	prefillTimeout    time.Duration
+	maxPerMinute      int
 }
 
 type options struct {
@@ -192,6 +193,7 @@ func newApp(o *options) *kingpin.Application {
 	addWatchFlags(runCmd, &o.watch, "dry-run")
 	runCmd.Flag("force-fail.fail-fast", "Fail the requests queued behind a diagnosed transfer wedge at once, on every PP stage, instead of at the deadline (auto mode; dry runs in dry-run mode).").Default("true").BoolVar(&o.watch.failFast)
 	runCmd.Flag("force-fail.fail-fast-max-per-minute", "Most fail-fast requests over any 60 seconds, apart from --force-fail.max-per-minute.").Default("180").IntVar(&o.watch.failFastPerMinute)
+	runCmd.Flag("decode.max-per-minute", "Most decode requests released over any 60 seconds, apart from both --force-fail budgets; a decode rank may get several in one cycle. Default: prefill's fail-fast budget, since each room failed fast strands one decode request (README, Rate limits).").Default(strconv.Itoa(watchdog.DefaultDecodePerMinute)).IntVar(&o.decode.maxPerMinute)
 	runCmd.Flag("decode.prefill-watchdog-url", "URL of the prefill peer's watchdog with {host} for the host of a decode request's bootstrap_addr, e.g. http://{host}:9433. A stuck decode request whose transfer started is released early only when that watchdog answers \"stopped\" for its room (or SGLang marked it Failed). Empty: such requests are held for SGLang's own timeout, unless this watchdog watches the prefill ranks too.").StringVar(&o.decode.prefillURL)
 	runCmd.Flag("decode.prefill-networks", "CIDR a bootstrap_addr host must be in to be asked for a verdict (repeatable); the host comes from listing data, so nothing else is ever asked.").Default("127.0.0.0/8", "::1/128").StringsVar(&o.decode.prefillNetworks)
 	runCmd.Flag("decode.prefill-watchdog-http-config-file", "YAML file with the HTTP client settings (tls_config, basic_auth, authorization) for --decode.prefill-watchdog-url, matching the prefill watchdog's --web.config.file.").StringVar(&o.decode.prefillHTTPConfig)
@@ -486,11 +488,15 @@ func watchdogConfig(o *options, logger log.Logger) (watchdog.Config, error) {
 
 		FailFast:           w.failFast,
 		FailFastPerMinute:  w.failFastPerMinute,
+		DecodePerMinute:    o.decode.maxPerMinute,
 		RestartMode:        watchdog.Mode(w.restartMode),
 		RestartMinInterval: w.restartMinInterval,
 	}
 	if metricsURL != "" {
 		cfg.Metrics = collector.NewMetricsScraper(metricsURL, metricsTimeout)
+	}
+	if o.decode.maxPerMinute <= 0 {
+		return watchdog.Config{}, fmt.Errorf("--decode.max-per-minute must be positive, got %d; to release no decode request, run the decode pod's watchdog with --force-fail.mode=off or dry-run", o.decode.maxPerMinute)
 	}
 	if w.decodeDeadline <= 0 {
 		return watchdog.Config{}, fmt.Errorf("--watchdog.decode-deadline must be positive, got %s", w.decodeDeadline)

@@ -56,6 +56,36 @@ type candidate struct {
 	blocked string
 }
 
+// budget is a rate limit of its own: each counts its requests over any
+// 60 s apart from the others.
+type budget int
+
+const (
+	// budgetDeadline: prefill requests failed after their deadline
+	// (MaxPerMinute).
+	budgetDeadline budget = iota
+	// budgetFailFast: prefill rooms behind a diagnosed transfer wedge
+	// (FailFastPerMinute).
+	budgetFailFast
+	// budgetDecode: decode releases (DecodePerMinute). Each passed the
+	// safety rule (transfer never started, SGLang marked it Failed, or
+	// prefill stopped sending), and each prefill release strands one
+	// decode request, so they must not compete with prefill for slots.
+	budgetDecode
+	numBudgets
+)
+
+// budget names the rate limit a call for the request takes a slot of.
+func (c candidate) budget() budget {
+	switch {
+	case c.failFast:
+		return budgetFailFast
+	case c.key.role == RoleDecode:
+		return budgetDecode
+	}
+	return budgetDeadline
+}
+
 func (c candidate) trigger(t string) string {
 	if c.failFast && t == TriggerAuto {
 		return TriggerFailFast
@@ -63,8 +93,9 @@ func (c candidate) trigger(t string) string {
 	return t
 }
 
-// candidates lists the requests that may be acted on: stuck ones oldest
-// first, then the fail-fast ones. Caller holds w.mu.
+// candidates lists the requests that may be acted on: stuck prefill
+// requests oldest first, stuck decode requests youngest first, then the
+// fail-fast ones. Caller holds w.mu.
 func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []candidate {
 	var out []candidate
 	seen := map[reqKey]int{}
@@ -102,13 +133,25 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		out[i].stages, out[i].blocked = w.stages(out[i].key)
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].failFast != out[j].failFast {
-			return !out[i].failFast
+		a, b := out[i], out[j]
+		if a.failFast != b.failFast {
+			return !a.failFast
 		}
-		if out[i].age != out[j].age {
-			return out[i].age > out[j].age
+		if a.key.role != b.key.role {
+			return a.key.role == RolePrefill
 		}
-		return out[i].key.rid < out[j].key.rid
+		if a.age != b.age {
+			// SGLang's own timeout frees a decode request at 300 s, so
+			// a release saves 300 s less its age: when the budget
+			// cannot take them all, the youngest gain the most (up to
+			// 120 s) and the oldest almost nothing. Nothing frees a
+			// stuck prefill room: the oldest has waited longest.
+			if a.key.role == RoleDecode {
+				return a.age < b.age
+			}
+			return a.age > b.age
+		}
+		return a.key.rid < b.key.rid
 	})
 	return out
 }
@@ -161,16 +204,16 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 		if !until.IsZero() && !w.clock.Now().Before(until) {
 			return
 		}
-		// A lever set on a rank may unblock its other stuck rooms: decide
-		// on them from the next listing. Rooms behind a wedged transfer
-		// queue are not unblocked by anything but a restart, so fail-fast
-		// goes on.
-		if !c.failFast && flipped[c.rank] {
+		// A deadline lever set on a prefill rank may unblock its other
+		// stuck rooms: decide on them from the next listing. Fail-fast
+		// rooms (only a restart unblocks them) and decode requests (each
+		// waits on its own prefill room) go on, each re-read first.
+		if c.budget() == budgetDeadline && flipped[c.rank] {
 			continue
 		}
 		evs := w.actOne(ctx, c, c.trigger(trigger), asAuto)
 		for _, e := range evs {
-			if e.Kind == EventForceFail && !c.failFast && (e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed) {
+			if e.Kind == EventForceFail && c.budget() == budgetDeadline && (e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed) {
 				flipped[c.rank] = true
 			}
 		}
@@ -213,6 +256,12 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
 		}
 	}
+	// A request over its budget costs nothing: no verdict lookup, no
+	// re-read. This matters on decode, where a flood of stranded requests
+	// may all be candidates in one cycle.
+	if !w.callAvailable(c.budget()) {
+		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
+	}
 	// The safety rule comes before the re-reads: a held request costs its
 	// plugins no listing. The re-read below cancels the call if anything
 	// the rule read (poll, queue, transfer_started) changed since.
@@ -224,11 +273,6 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		if !cleared {
 			return held
 		}
-	}
-	// The re-reads below cost the plugins a full listing each: only make
-	// them for a call the rate limit would let through.
-	if !w.callAvailable(c.failFast) {
-		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.failFast))
 	}
 	// Re-read every stage: the request must be there, unchanged, right
 	// before the call. Progress that arrived since the decision cancels it.
@@ -260,8 +304,8 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	if len(targets) == 0 {
 		return w.skip(c, SkipGone, trigger, "the request left the listing before the call")
 	}
-	if !w.allowCall(c.failFast) {
-		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.failFast))
+	if !w.allowCall(c.budget()) {
+		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
 	}
 
 	w.mu.Lock()
@@ -492,42 +536,44 @@ func combine(answers []stageAnswer) string {
 	return ResultNotFound
 }
 
-func (w *Watchdog) limitDetail(failFast bool) string {
-	if failFast {
+func (w *Watchdog) limitDetail(b budget) string {
+	switch b {
+	case budgetFailFast:
 		return fmt.Sprintf("%d fail-fast requests in the last minute already", w.cfg.FailFastPerMinute)
+	case budgetDecode:
+		return fmt.Sprintf("%d decode releases in the last minute already", w.cfg.DecodePerMinute)
 	}
 	return fmt.Sprintf("%d force-fail requests in the last minute already", w.cfg.MaxPerMinute)
 }
 
-// callAvailable tells whether the rate limit would let a request through
-// now, without taking the slot. Caller holds w.act.
-func (w *Watchdog) callAvailable(failFast bool) bool {
-	times, limit := &w.callTimes, w.cfg.MaxPerMinute
-	if failFast {
-		times, limit = &w.ffTimes, w.cfg.FailFastPerMinute
+// callAvailable tells whether budget b would let a request through now,
+// without taking the slot. Caller holds w.act.
+func (w *Watchdog) callAvailable(b budget) bool {
+	limit := w.cfg.MaxPerMinute
+	switch b {
+	case budgetFailFast:
+		limit = w.cfg.FailFastPerMinute
+	case budgetDecode:
+		limit = w.cfg.DecodePerMinute
 	}
 	now := w.clock.Now()
-	kept := (*times)[:0]
-	for _, t := range *times {
+	kept := w.callTimes[b][:0]
+	for _, t := range w.callTimes[b] {
 		if now.Sub(t) < time.Minute {
 			kept = append(kept, t)
 		}
 	}
-	*times = kept
+	w.callTimes[b] = kept
 	return len(kept) < limit
 }
 
-// allowCall takes a slot of a limit over any 60 s. A request takes one
+// allowCall takes a slot of budget b over any 60 s. A request takes one
 // slot however many PP stages it is called on. Caller holds w.act.
-func (w *Watchdog) allowCall(failFast bool) bool {
-	if !w.callAvailable(failFast) {
+func (w *Watchdog) allowCall(b budget) bool {
+	if !w.callAvailable(b) {
 		return false
 	}
-	if failFast {
-		w.ffTimes = append(w.ffTimes, w.clock.Now())
-	} else {
-		w.callTimes = append(w.callTimes, w.clock.Now())
-	}
+	w.callTimes[b] = append(w.callTimes[b], w.clock.Now())
 	return true
 }
 

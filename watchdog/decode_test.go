@@ -367,7 +367,7 @@ func TestDecodeRails(t *testing.T) {
 			dreq("b", 12, pluginapi.DecodeQueuePrealloc, pluginapi.PollWaitingForInput, 100, boolp(false)))
 		// The requests stay listed: the plugin flips but the scheduler
 		// has not released them yet.
-		h := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) { c.MaxPerMinute = 1 })
+		h := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) { c.DecodePerMinute = 1 })
 		keep := d.reqs
 		d.beforeRead = func(int) {
 			d.mu.Lock()

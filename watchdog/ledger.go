@@ -26,6 +26,11 @@ const (
 	// DefaultLedgerSize bounds the ledger: 15 minutes at the default rate
 	// limit (6 a minute) plus fail-fast (180 a minute) is under 3,000.
 	DefaultLedgerSize = 10000
+	// DefaultDecodePerMinute matches the prefill side's fail-fast budget
+	// (180 a minute): every room prefill fails fast leaves its decode
+	// request stranded, to be released here at the decode deadline, so
+	// the decode budget keeps up with that inflow.
+	DefaultDecodePerMinute = 180
 )
 
 // VerdictSource answers, for a decode request, what the watchdog of its

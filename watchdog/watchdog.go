@@ -47,6 +47,11 @@ type Config struct {
 	// FailFastPerMinute requests over any 60 s, apart from MaxPerMinute.
 	FailFast          bool
 	FailFastPerMinute int
+	// DecodePerMinute bounds the decode releases over any 60 s, apart from
+	// both prefill budgets; zero means DefaultDecodePerMinute. A decode
+	// rank is exempt from one lever per rank and cycle: a released decode
+	// request unblocks no other (docs/decode.md, "The rails").
+	DecodePerMinute int
 	// RestartMode escalates a diagnosed transfer wedge to a restart of the
 	// scheduler process (off, the default, dry-run or auto), at most once
 	// per RestartMinInterval for all ranks (one pod) and never twice for
@@ -87,6 +92,8 @@ func (c *Config) validate() error {
 		return errors.New("watchdog: confirm timeout must be positive")
 	case c.FailFastPerMinute < 0:
 		return errors.New("watchdog: max fail-fast requests per minute must not be negative")
+	case c.DecodePerMinute < 0:
+		return errors.New("watchdog: max decode releases per minute must not be negative")
 	case c.RestartMode != ModeOff && c.RestartMinInterval <= 0:
 		return errors.New("watchdog: restart min interval must be positive")
 	}
@@ -136,9 +143,10 @@ type Watchdog struct {
 	lastCycle time.Duration
 	lastEnd   time.Time // when the last cycle ended, for liveness
 
-	act       sync.Mutex  // serialises actuation, the only outward effect
-	callTimes []time.Time // requests acted on in the last minute, for the rate limit
-	ffTimes   []time.Time // the same for fail-fast requests, under their own budget
+	act sync.Mutex // serialises actuation, the only outward effect
+	// callTimes holds, per budget, the requests acted on in the last
+	// minute, for the rate limits.
+	callTimes [numBudgets][]time.Time
 
 	restarts    map[string]uint64
 	restarted   map[procKey]bool // processes a restart was asked of (or dry-run for)
@@ -163,6 +171,9 @@ func New(cfg Config) (*Watchdog, error) {
 	}
 	if cfg.DecodeDeadline <= 0 {
 		cfg.DecodeDeadline = DefaultDecodeDeadline
+	}
+	if cfg.DecodePerMinute == 0 {
+		cfg.DecodePerMinute = DefaultDecodePerMinute
 	}
 	if cfg.LedgerTTL <= 0 {
 		cfg.LedgerTTL = DefaultLedgerTTL

@@ -28,7 +28,8 @@
 //     prefill watchdog's VerdictHandler (in memory, no sockets), as
 //     --decode.prefill-watchdog-url does;
 //   - decode-off: the same without the decode-side watchdog;
-//   - decode-180: the decode-side watchdog with --force-fail.max-per-minute=180;
+//   - decode-6: the decode-side watchdog with --decode.max-per-minute=6,
+//     the budget decode releases shared with prefill's deadline path before;
 //   - ff-off: --force-fail.fail-fast=false;
 //   - restart-30m: fail-fast and --restart.mode=auto with the default
 //     --restart.min-interval (30 min);
@@ -136,7 +137,7 @@ func main() {
 	flag.DurationVar(&o.bootTime, "boot-time", sglangsim.DefaultBootTime, "how long a restarted server boots (listings, /metrics and arrivals refused)")
 	flag.BoolVar(&o.sweep, "sweep", false, "also sweep deadline x stall window on the defaults configuration (12 more replays)")
 	flag.BoolVar(&o.stock, "stock", true, "replay stock SGLang (no watchdog) too")
-	flag.StringVar(&o.configs, "configs", "defaults,decode-off,decode-180,ff-off,restart-30m,restart-5m", "watchdog configurations to replay (defaults, decode-off, decode-180, ff-off, restart-30m, restart-5m)")
+	flag.StringVar(&o.configs, "configs", "defaults,decode-off,decode-6,ff-off,restart-30m,restart-5m", "watchdog configurations to replay (defaults, decode-off, decode-6, ff-off, restart-30m, restart-5m)")
 	flag.BoolVar(&o.prom, "prom", true, "evaluate alerts/sglang-raw.rules.yml with real Prometheus on the defaults and stock runs")
 	flag.StringVar(&o.prometheus, "prometheus", "/usr/bin/prometheus", "Prometheus binary")
 	flag.StringVar(&o.promtool, "promtool", "/usr/bin/promtool", "promtool binary")
@@ -252,7 +253,7 @@ type replayConfig struct {
 	stall         time.Duration
 	failFast      bool
 	decode        bool // a decode-side watchdog on the decode server
-	decodeBudget  int  // its --force-fail.max-per-minute
+	decodeBudget  int  // its --decode.max-per-minute
 	restart       watchdog.Mode
 	restartMin    time.Duration
 	collectSeries bool
@@ -260,14 +261,14 @@ type replayConfig struct {
 
 // configs are the watchdog configurations of the comparison, by name.
 func configs(o options) map[string]replayConfig {
-	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, failFast: true, decode: true, decodeBudget: 6, restart: watchdog.ModeOff}
-	ffOff, r30, r5, decOff, dec180 := base, base, base, base, base
+	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, failFast: true, decode: true, decodeBudget: watchdog.DefaultDecodePerMinute, restart: watchdog.ModeOff}
+	ffOff, r30, r5, decOff, dec6 := base, base, base, base, base
 	ffOff.failFast = false
 	decOff.decode = false
-	dec180.decodeBudget = 180
+	dec6.decodeBudget = 6
 	r30.restart, r30.restartMin = watchdog.ModeAuto, 30*time.Minute
 	r5.restart, r5.restartMin = watchdog.ModeAuto, 5*time.Minute
-	out := map[string]replayConfig{"defaults": base, "decode-off": decOff, "decode-180": dec180, "ff-off": ffOff, "restart-30m": r30, "restart-5m": r5}
+	out := map[string]replayConfig{"defaults": base, "decode-off": decOff, "decode-6": dec6, "ff-off": ffOff, "restart-30m": r30, "restart-5m": r5}
 	for k, c := range out {
 		c.name = k
 		out[k] = c
@@ -566,7 +567,7 @@ func decodeWatchdog(sim *sglangsim.Sim, c clock.Clock, prefill *watchdog.Watchdo
 	cfg := watchdog.Config{
 		Clock: c, Metrics: metrics, Interval: time.Second, MetricsInterval: 15 * time.Second,
 		Deadline: 60 * time.Second, DecodeDeadline: watchdog.DefaultDecodeDeadline, StallWindow: 30 * time.Second, PinWindow: 2 * time.Minute,
-		MaxRooms: 100000, Mode: watchdog.ModeAuto, MaxPerMinute: budget, ConfirmTimeout: time.Minute, FailFastPerMinute: 180,
+		MaxRooms: 100000, Mode: watchdog.ModeAuto, MaxPerMinute: 6, DecodePerMinute: budget, ConfirmTimeout: time.Minute, FailFastPerMinute: 180,
 		OnEvent: func(e watchdog.Event) {
 			switch e.Kind {
 			case watchdog.EventForceFail:
@@ -895,7 +896,7 @@ func run(o options) int {
 		}
 		c, ok := all[n]
 		if !ok {
-			fmt.Fprintf(os.Stderr, "-configs: unknown configuration %q (want defaults, decode-off, decode-180, ff-off, restart-30m, restart-5m)\n", n)
+			fmt.Fprintf(os.Stderr, "-configs: unknown configuration %q (want defaults, decode-off, decode-6, ff-off, restart-30m, restart-5m)\n", n)
 			return 2
 		}
 		c.collectSeries = o.prom && n == "defaults"
