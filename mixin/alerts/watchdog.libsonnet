@@ -245,9 +245,10 @@ local windows = import '../lib/windows.libsonnet';
           annotations: {
             summary: 'Stuck SGLang requests were left in place by the force-fail rate limit.',
             description: promql.oneLine(|||
-              {{ printf "%.0f" $value }} stuck request(s) seen by {{ $labels.instance }} were
-              not force-failed in the last 15 minutes because --force-fail.max-per-minute
-              was reached; many rooms are stuck at once.
+              {{ printf "%.0f" $value }} {{ $labels.role }} request(s) seen by {{ $labels.instance }}
+              were not force-failed in the last 15 minutes because their budget was spent
+              (--force-fail.max-per-minute, --force-fail.fail-fast-max-per-minute behind a
+              wedge, or --decode.max-per-minute); many rooms are stuck at once.
             |||),
           },
         },
