@@ -255,14 +255,17 @@ func decodeProgress(d pluginapi.DecodeRequest) string {
 	return p + "/" + strconv.FormatInt(*d.ChunksExpected, 10)
 }
 
-// runForceFail makes one admin call. It exits 0 only if the lever was set,
-// or with --dry-run would have been.
+// runForceFail force-fails one request. Several --plugin.url are the PP
+// stages of one DP rank: SGLang releases a request only when every stage
+// reports it terminal, so the order goes to every stage that lists it. It
+// exits 0 only if the lever was set on every stage it was sent to, or with
+// --dry-run would have been.
 func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	usage := func(format string, args ...interface{}) int {
 		fmt.Fprintf(stderr, "%s: %s\n", appName, fmt.Sprintf(format, args...))
 		return 2
 	}
-	if err := errors.Join(checkURLs(o.ffRemote, o.oneURL), checkAdminTimeout("--force-fail.timeout", o.ffTimeout)); err != nil {
+	if err := errors.Join(checkURLs(o.ffRemote, o.ffURLs...), checkDistinct(o.ffURLs), checkAdminTimeout("--force-fail.timeout", o.ffTimeout)); err != nil {
 		return usage("%v", err)
 	}
 	listingRT, adminRT, err := pluginTransports(o.pluginTLSFile, o.ffToken)
@@ -283,36 +286,130 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 		}
 		order.BootstrapRoom = &room
 	}
-	client := pluginapi.NewClient(o.oneURL, pluginapi.ClientOptions{Timeout: o.ffTimeout, AdminTimeout: o.ffTimeout,
-		Transport: listingRT, AdminTransport: adminRT})
-	// A warm-up has neither the rid prefix nor, unless given, a room: look
-	// it up first. The plugin refuses health checks too (409); this keeps
-	// an older plugin from acting on one.
-	decode := false
-	if l, err := client.Inflight(ctx); err == nil {
-		decode = isDecode(l)
-		refuse := func(room uint64, addr string) int {
-			fmt.Fprintf(stderr, "%s: refused: %s is a health check or warm-up of SGLang (room %d, bootstrap %s); they are never force-failed\n",
-				appName, safe(o.rid), room, safe(addr))
-			return 1
+	stages, code := forceFailStages(ctx, o, listingRT, adminRT, stderr)
+	if stages == nil {
+		return code
+	}
+	decode, ok := false, true
+	for _, st := range stages {
+		decode = decode || st.decode
+		if !forceFailStage(ctx, st, order, len(o.ffURLs) > 1, o.dryRun, stdout, stderr) {
+			ok = false
+		}
+	}
+	if !ok {
+		return 1
+	}
+	switch {
+	case o.dryRun:
+	case decode:
+		fmt.Fprintln(stdout, "The request is aborted: SGLang's next decode pass answers the client with an error and frees its KV pages (after prefill's ABORT_ACK, or 30 s, with deferred release). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total (transfer queue) or sglang:num_bootstrap_failed_reqs_total (prealloc queue).")
+	case len(stages) > 1:
+		fmt.Fprintln(stdout, "The lever is set on every stage that listed the request: SGLang's Failed branch releases it once every stage reports it terminal (HTTP 500 to the client). Confirm with `inflight` on each stage and sglang:num_transfer_failed_reqs_total.")
+	default:
+		fmt.Fprintln(stdout, "The lever is set: SGLang's Failed branch releases the request on its next pass (HTTP 500 to the client). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total.")
+	}
+	return 0
+}
+
+// ffStage is one plugin the force-fail order goes to.
+type ffStage struct {
+	url    string
+	client *pluginapi.Client
+	decode bool
+}
+
+// forceFailStages reads every given plugin first. A health check or warm-up
+// found on any of them is refused: it has neither the rid prefix nor,
+// unless given, a room, and an older plugin would act on it. With several
+// URLs they must be stages of one DP rank, and only the stages that list
+// the request get the order; a stage whose listing fails gets it anyway and
+// its plugin decides. It returns nil and an exit code when nothing is sent.
+func forceFailStages(ctx context.Context, o *options, listingRT, adminRT http.RoundTripper, stderr io.Writer) ([]ffStage, int) {
+	var stages []ffStage
+	dpRanks := map[int]string{}
+	for _, u := range o.ffURLs {
+		client := pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: o.ffTimeout, AdminTimeout: o.ffTimeout,
+			Transport: listingRT, AdminTransport: adminRT})
+		l, err := client.Inflight(ctx)
+		if err != nil {
+			if len(o.ffURLs) > 1 {
+				fmt.Fprintf(stderr, "%s: the listing of %s failed (%s); sending the order anyway, the plugin checks the request itself\n", appName, safe(u), safe(err.Error()))
+			}
+			stages = append(stages, ffStage{url: u, client: client})
+			continue
 		}
 		for _, r := range l.Inflight {
 			if r.RID == o.rid && isHealthCheck(r) {
-				return refuse(r.BootstrapRoom, r.BootstrapAddr)
+				return nil, refuseHealthCheck(stderr, o.rid, r.BootstrapRoom, r.BootstrapAddr)
 			}
 		}
 		for _, d := range l.DecodeRequests {
 			if d.RID == o.rid && isDecodeHealthCheck(d) {
-				return refuse(d.BootstrapRoom, d.BootstrapAddr)
+				return nil, refuseHealthCheck(stderr, o.rid, d.BootstrapRoom, d.BootstrapAddr)
 			}
 		}
+		dpRanks[l.Server.DPRank] = u
+		if len(o.ffURLs) > 1 && !lists(l, o.rid) {
+			fmt.Fprintf(stderr, "%s: %s does not list %s; not sent there\n", appName, safe(u), safe(o.rid))
+			continue
+		}
+		stages = append(stages, ffStage{url: u, client: client, decode: isDecode(l)})
 	}
-	status, resp, err := client.ForceFail(ctx, order)
+	if len(dpRanks) > 1 {
+		fmt.Fprintf(stderr, "%s: the --plugin.url given are not the stages of one DP rank (they report dp_rank %s); give one rank's stages at a time\n", appName, joinRanks(dpRanks))
+		return nil, 2
+	}
+	if len(stages) == 0 {
+		fmt.Fprintf(stderr, "%s: no stage lists %s\n", appName, safe(o.rid))
+		return nil, 1
+	}
+	return stages, 0
+}
+
+func refuseHealthCheck(stderr io.Writer, rid string, room uint64, addr string) int {
+	fmt.Fprintf(stderr, "%s: refused: %s is a health check or warm-up of SGLang (room %d, bootstrap %s); they are never force-failed\n",
+		appName, safe(rid), room, safe(addr))
+	return 1
+}
+
+// lists tells whether a listing holds the rid, prefill or decode.
+func lists(l *pluginapi.Listing, rid string) bool {
+	for _, r := range l.Inflight {
+		if r.RID == rid {
+			return true
+		}
+	}
+	for _, d := range l.DecodeRequests {
+		if d.RID == rid {
+			return true
+		}
+	}
+	return false
+}
+
+func joinRanks(ranks map[int]string) string {
+	var out []string
+	for dp := range ranks {
+		out = append(out, strconv.Itoa(dp))
+	}
+	sort.Strings(out)
+	return strings.Join(out, ", ")
+}
+
+// forceFailStage sends the order to one stage and prints its answer, with
+// the stage's URL when there are several. It reports whether the lever was
+// set (or, for a dry run, would be).
+func forceFailStage(ctx context.Context, st ffStage, order pluginapi.ForceFailRequest, several, dryRun bool, stdout, stderr io.Writer) bool {
+	status, resp, err := st.client.ForceFail(ctx, order)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: force-fail failed: %s\n", appName, safe(err.Error()))
-		return 1
+		return false
 	}
-	fmt.Fprintf(stdout, "result=%s http_status=%d rid=%s", safe(resp.Result), status, safe(o.rid))
+	if several {
+		fmt.Fprintf(stdout, "stage=%s ", safe(st.url))
+	}
+	fmt.Fprintf(stdout, "result=%s http_status=%d rid=%s", safe(resp.Result), status, safe(order.RID))
 	if resp.BootstrapRoom != nil {
 		fmt.Fprintf(stdout, " room=%d", *resp.BootstrapRoom)
 	}
@@ -327,17 +424,8 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "%s: refused by the decode plugin: the KV transfer into this request's pages has started and may still be live; "+
 			"freeing them now could let a late write from prefill corrupt another request's KV. Check that the prefill peer stopped sending "+
 			"for this room (its watchdog's GET /api/v1/rooms/<room> answers \"stopped\", or the prefill request is gone), then repeat with --prefill-stopped.\n", appName)
-		return 1
+		return false
 	}
-	ok := status == http.StatusOK && (resp.Result == pluginapi.ResultFlipped || resp.Result == pluginapi.ResultAlreadyFailed ||
-		(o.dryRun && resp.Result == pluginapi.ResultWouldFlip))
-	if !ok {
-		return 1
-	}
-	if resp.Result == pluginapi.ResultFlipped && decode {
-		fmt.Fprintln(stdout, "The request is aborted: SGLang's next decode pass answers the client with an error and frees its KV pages (after prefill's ABORT_ACK, or 30 s, with deferred release). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total (transfer queue) or sglang:num_bootstrap_failed_reqs_total (prealloc queue).")
-	} else if resp.Result == pluginapi.ResultFlipped {
-		fmt.Fprintln(stdout, "The lever is set: SGLang's Failed branch releases the request on its next pass (HTTP 500 to the client). Confirm with `inflight` and sglang:num_transfer_failed_reqs_total.")
-	}
-	return 0
+	return status == http.StatusOK && (resp.Result == pluginapi.ResultFlipped || resp.Result == pluginapi.ResultAlreadyFailed ||
+		(dryRun && resp.Result == pluginapi.ResultWouldFlip))
 }

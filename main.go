@@ -157,7 +157,7 @@ type options struct {
 	// force-fail
 	rid        string
 	room       string
-	oneURL     string
+	ffURLs     []string
 	reason     string
 	dryRun     bool
 	ffTimeout  time.Duration
@@ -214,7 +214,7 @@ func newApp(o *options) *kingpin.Application {
 	ffCmd := app.Command("force-fail", "Force-fail one inflight request through the plugin's admin call.")
 	ffCmd.Flag("rid", "Request id to force-fail.").NoEnvar().Required().StringVar(&o.rid)
 	ffCmd.Flag("room", "Bootstrap room the request must have; strongly advised, as rooms are reused.").NoEnvar().StringVar(&o.room)
-	ffCmd.Flag("plugin.url", "Base URL of the plugin of the request's rank.").Default("http://127.0.0.1:30100").StringVar(&o.oneURL)
+	ffCmd.Flag("plugin.url", "Base URL of the plugin of the request's rank; repeat it for every PP stage of the DP rank, since SGLang releases a request only when every stage reports it terminal.").Default("http://127.0.0.1:30100").StringsVar(&o.ffURLs)
 	ffCmd.Flag("plugin.token-file", "File holding the plugin's bearer token.").StringVar(&o.ffToken)
 	ffCmd.Flag("reason", "Why, recorded by the plugin with the failure.").NoEnvar().Default("manual force-fail with sglang-watchdog").StringVar(&o.reason)
 	ffCmd.Flag("prefill-stopped", "Decode only: assert that the prefill peer has stopped sending KV for this request's room (sends prefill_stopped: true). A decode plugin refuses a request whose transfer started without it (409 transfer_live). Asserting it wrongly lets a late write from prefill corrupt the KV of another request that reuses the freed pages: a silently wrong answer. Check the prefill watchdog's verdict for the room (GET /api/v1/rooms/<room> answers \"stopped\") first.").NoEnvar().BoolVar(&o.prefillStopped)
