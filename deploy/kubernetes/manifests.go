@@ -53,31 +53,30 @@ func manifestFiles() ([]string, error) {
 
 var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
 
-// document is one YAML document of a manifest file.
-type document struct {
-	file  string
-	index int    // 0-based position in the file
-	json  []byte // the document converted to JSON
-	kind  string
-	api   string
+// Document is one YAML document of a manifest stream, converted to JSON.
+type Document struct {
+	Source     string // the file or render it came from
+	Index      int    // 0-based position in the stream
+	JSON       []byte
+	APIVersion string
+	Kind       string
+	Name       string
 }
 
-func (d document) String() string {
-	return fmt.Sprintf("%s#%d (%s %s)", d.file, d.index, d.api, d.kind)
+func (d Document) String() string {
+	return fmt.Sprintf("%s#%d (%s %s %s)", d.Source, d.Index, d.APIVersion, d.Kind, d.Name)
 }
 
-// documents splits a manifest file into its YAML documents and converts each
-// to JSON. Documents that hold only comments are skipped.
-func documents(file string) ([]document, error) {
-	data, err := manifestFS.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	var out []document
+// SplitDocuments splits a YAML stream into its documents and converts each
+// to JSON; duplicate keys are errors, documents that hold only comments are
+// skipped, and every document must name its apiVersion and kind. The Helm
+// chart's and kustomize's tests (deploy/verify) split their renders with it.
+func SplitDocuments(source string, data []byte) ([]Document, error) {
+	var out []Document
 	for i, part := range docSeparator.Split(string(data), -1) {
 		j, err := yaml.YAMLToJSONStrict([]byte(part))
 		if err != nil {
-			return nil, fmt.Errorf("%s#%d: %w", file, i, err)
+			return nil, fmt.Errorf("%s#%d: %w", source, i, err)
 		}
 		j = bytes.TrimSpace(j)
 		if len(j) == 0 || string(j) == "null" {
@@ -86,22 +85,34 @@ func documents(file string) ([]document, error) {
 		var tm struct {
 			APIVersion string `json:"apiVersion"`
 			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
 		}
 		if err := yaml.Unmarshal(j, &tm); err != nil {
-			return nil, fmt.Errorf("%s#%d: %w", file, i, err)
+			return nil, fmt.Errorf("%s#%d: %w", source, i, err)
 		}
 		if tm.APIVersion == "" || tm.Kind == "" {
-			return nil, fmt.Errorf("%s#%d: apiVersion and kind are required", file, i)
+			return nil, fmt.Errorf("%s#%d: apiVersion and kind are required", source, i)
 		}
-		out = append(out, document{file: file, index: i, json: j, kind: tm.Kind, api: tm.APIVersion})
+		out = append(out, Document{Source: source, Index: i, JSON: j, APIVersion: tm.APIVersion, Kind: tm.Kind, Name: tm.Metadata.Name})
 	}
 	return out, nil
 }
 
+// documents splits an embedded manifest file into its documents.
+func documents(file string) ([]Document, error) {
+	data, err := manifestFS.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	return SplitDocuments(file, data)
+}
+
 // decodeStrict decodes a document into obj, rejecting unknown and duplicate
 // fields.
-func decodeStrict(d document, obj any) error {
-	if err := yaml.UnmarshalStrict(d.json, obj); err != nil {
+func decodeStrict(d Document, obj any) error {
+	if err := yaml.UnmarshalStrict(d.JSON, obj); err != nil {
 		return fmt.Errorf("%s: %w", d, err)
 	}
 	return nil
@@ -122,7 +133,7 @@ func SidecarArgs() (map[string][]string, error) {
 			return nil, err
 		}
 		for _, d := range docs {
-			if d.api != "apps/v1" || d.kind != "Deployment" {
+			if d.APIVersion != "apps/v1" || d.Kind != "Deployment" {
 				continue
 			}
 			var dep appsv1.Deployment

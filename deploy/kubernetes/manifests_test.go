@@ -47,7 +47,7 @@ func loadAll(t *testing.T) objects {
 		}
 		dir := path.Dir(f)
 		for _, d := range docs {
-			switch d.api + " " + d.kind {
+			switch d.APIVersion + " " + d.Kind {
 			case "apps/v1 Deployment":
 				var obj appsv1.Deployment
 				if err := decodeStrict(d, &obj); err != nil {
@@ -77,7 +77,7 @@ func loadAll(t *testing.T) objects {
 }
 
 func TestStrictDecodingRejectsUnknownFields(t *testing.T) {
-	bad := document{file: "inline", json: []byte(`{"apiVersion":"apps/v1","kind":"Deployment","spec":{"replicas":1,"replica":2}}`)}
+	bad := Document{Source: "inline", JSON: []byte(`{"apiVersion":"apps/v1","kind":"Deployment","spec":{"replicas":1,"replica":2}}`)}
 	if err := decodeStrict(bad, &appsv1.Deployment{}); err == nil {
 		t.Fatal("an unknown field was accepted")
 	}

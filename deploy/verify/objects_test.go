@@ -1,12 +1,9 @@
 package verify
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
@@ -14,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sglang-watchdog/sglang-watchdog/deploy/kubernetes"
 )
 
 // repoRoot is the repository root, seen from this module's directory.
@@ -30,8 +29,6 @@ func readRepoFile(t *testing.T, rel string) []byte {
 	return b
 }
 
-var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
-
 // doc is one YAML document, converted to JSON.
 type doc struct {
 	source     string
@@ -46,33 +43,15 @@ func (d doc) String() string {
 	return fmt.Sprintf("%s#%d (%s %s %s)", d.source, d.index, d.apiVersion, d.kind, d.name)
 }
 
-// splitDocs splits a YAML stream into documents; duplicate keys are errors,
-// documents that hold only comments are skipped.
+// splitDocs splits a YAML stream into documents (kubernetes.SplitDocuments).
 func splitDocs(source string, data []byte) ([]doc, error) {
-	var out []doc
-	for i, part := range docSeparator.Split(string(data), -1) {
-		j, err := yaml.YAMLToJSONStrict([]byte(part))
-		if err != nil {
-			return nil, fmt.Errorf("%s#%d: %w", source, i, err)
-		}
-		j = bytes.TrimSpace(j)
-		if len(j) == 0 || string(j) == "null" {
-			continue
-		}
-		var tm struct {
-			APIVersion string `json:"apiVersion"`
-			Kind       string `json:"kind"`
-			Metadata   struct {
-				Name string `json:"name"`
-			} `json:"metadata"`
-		}
-		if err := json.Unmarshal(j, &tm); err != nil {
-			return nil, fmt.Errorf("%s#%d: %w", source, i, err)
-		}
-		if tm.APIVersion == "" || tm.Kind == "" {
-			return nil, fmt.Errorf("%s#%d: apiVersion and kind are required", source, i)
-		}
-		out = append(out, doc{source: source, index: i, json: j, apiVersion: tm.APIVersion, kind: tm.Kind, name: tm.Metadata.Name})
+	ds, err := kubernetes.SplitDocuments(source, data)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]doc, len(ds))
+	for i, d := range ds {
+		out[i] = doc{source: d.Source, index: d.Index, json: d.JSON, apiVersion: d.APIVersion, kind: d.Kind, name: d.Name}
 	}
 	return out, nil
 }
