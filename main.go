@@ -116,6 +116,7 @@ type watchOptions struct {
 	failFastPerMinute  int
 	restartMode        string
 	restartMinInterval time.Duration
+	restartStateFile   string
 }
 
 // decodeOptions say how a decode-side watchdog asks the watchdogs of the
@@ -200,6 +201,7 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("decode.prefill-watchdog-timeout", "Timeout of one verdict lookup; it runs inside the watch cycle, for a held request at most every 5s.").Default("500ms").DurationVar(&o.decode.prefillTimeout)
 	runCmd.Flag("restart.mode", "Escalate a diagnosed transfer wedge to a restart of the SGLang server through the plugin: off, dry-run or auto.").Default("off").EnumVar(&o.watch.restartMode, "off", "dry-run", "auto")
 	runCmd.Flag("restart.min-interval", "Least time between two restarts of this pod; a process is never restarted twice.").Default("30m").DurationVar(&o.watch.restartMinInterval)
+	runCmd.Flag("restart.state-file", "File that keeps the time of the last restart across restarts of the watchdog itself, on a volume that outlives its container (an emptyDir); without it a crash-looping watchdog forgets --restart.min-interval. Written before each restart request, and at start in auto mode.").StringVar(&o.watch.restartStateFile)
 	runCmd.Flag("alertmanager.webhook", "Serve POST "+alertwebhook.Path+": a firing "+alertwebhook.AlertName+" alert about this watchdog force-fails the stuck requests of its rank, through the same rails as auto mode. Needs --alertmanager.webhook.token-file and --alertmanager.webhook.match-label.").BoolVar(&o.webhook)
 	runCmd.Flag("alertmanager.webhook.token-file", "File holding the bearer token Alertmanager must send to the webhook; re-read on every delivery.").StringVar(&o.webhookTokenFile)
 	runCmd.Flag("alertmanager.webhook.match-label", "NAME=VALUE that an alert must carry to be acted on, naming this watchdog, e.g. pod=$(POD_NAME) (repeatable; all must match).").StringsVar(&o.webhookMatch)
@@ -491,6 +493,7 @@ func watchdogConfig(o *options, logger log.Logger) (watchdog.Config, error) {
 		DecodePerMinute:    o.decode.maxPerMinute,
 		RestartMode:        watchdog.Mode(w.restartMode),
 		RestartMinInterval: w.restartMinInterval,
+		RestartStateFile:   w.restartStateFile,
 	}
 	if metricsURL != "" {
 		cfg.Metrics = collector.NewMetricsScraper(metricsURL, metricsTimeout)

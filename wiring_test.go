@@ -23,6 +23,7 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
 // configError parses run's arguments and returns watchdogConfig's error.
@@ -569,5 +570,22 @@ func TestForceFailRefusesHealthChecks(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"inflight", "--plugin.url=" + pluginURLs[0]}, &out, &errb); code != 0 || !strings.Contains(out.String(), "HEALTH_CHECK_1764403200.0") {
 		t.Errorf("inflight after the refusals: exit %d\n%s", code, out.String())
+	}
+}
+
+// --restart.state-file reaches the watchdog, which refuses a path it
+// cannot write in auto mode.
+func TestRestartStateFileFlag(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "restart-state.json")
+	cfg, err := watchdogConfig(parseRun(t, "--sglang.metrics-url=off", "--restart.mode=auto", "--restart.state-file="+state), log.NewNopLogger())
+	if err != nil || cfg.RestartStateFile != state {
+		t.Fatalf("config %q, %v; want the state file", cfg.RestartStateFile, err)
+	}
+	cfg.Clock = clock.Real{}
+	if _, err := watchdog.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(state); err != nil {
+		t.Fatalf("state file not written at start: %v", err)
 	}
 }

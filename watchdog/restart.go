@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -94,10 +95,17 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		resp   *pluginapi.RestartResponse
 	)
 	r, ok := rk.source.(Restarter)
-	if ok {
+	// The restart is recorded before it is asked for: a watchdog that
+	// crashes right after must still wait out the interval. A restart that
+	// cannot be recorded is not asked for.
+	var saveErr error
+	if ok && !dry && w.cfg.RestartStateFile != "" {
+		saveErr = saveRestartState(w.cfg.RestartStateFile, stateOf(w.clock.Now(), e.proc.pid))
+	}
+	if ok && saveErr == nil {
 		status, resp, err = r.Restart(ctx, pluginapi.RestartRequest{PID: e.proc.pid, Reason: reason, DryRun: dry})
 	}
-	result := classifyRestart(ok, status, resp, err)
+	result := classifyRestart(ok, status, resp, errors.Join(saveErr, err))
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -114,7 +122,7 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 	if resp != nil && resp.Error != "" {
 		fields = append(fields, "plugin_error", resp.Error)
 	}
-	if err != nil {
+	if err := errors.Join(saveErr, err); err != nil {
 		fields = append(fields, "err", err)
 	}
 	if result == RestartWouldRestart {
