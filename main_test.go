@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sglang-watchdog/sglang-watchdog/deploy"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
 )
 
 // TestSidecarArgsAreAcceptedFlags parses every Kubernetes sidecar's
@@ -32,8 +33,8 @@ func TestSidecarArgsAreAcceptedFlags(t *testing.T) {
 		// The verdict lookups' URL template and networks, as the binary
 		// checks them at start (the HTTP client file lives in the pod).
 		d := o.decode
-		d.prefillHTTPConfig = ""
-		if _, err := verdictClient(&d); err != nil {
+		d.PrefillHTTPConfig = ""
+		if _, err := runconfig.VerdictClient(d); err != nil {
 			t.Errorf("%s: the binary rejects the sidecar's verdict lookups: %v", file, err)
 		}
 	}
@@ -96,10 +97,10 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	if len(o.pluginURLs) != 2 || o.pluginURLs[1] != "http://127.0.0.1:30101" {
 		t.Errorf("plugin URLs from the environment: %q", o.pluginURLs)
 	}
-	if o.watch.mode != "auto" {
-		t.Errorf("mode from the environment: %q", o.watch.mode)
+	if o.watch.Mode != "auto" {
+		t.Errorf("mode from the environment: %q", o.watch.Mode)
 	}
-	if o.watch.deadline.String() != "2m0s" {
-		t.Errorf("deadline %s: the command line must win over the environment", o.watch.deadline)
+	if o.watch.Deadline.String() != "2m0s" {
+		t.Errorf("deadline %s: the command line must win over the environment", o.watch.Deadline)
 	}
 }
