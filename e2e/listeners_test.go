@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -41,15 +40,7 @@ func TestSystemdSocketActivation(t *testing.T) {
 			t.Logf("watchdog log:\n%s", tail([]byte(logs.String()), 3000))
 		}
 	})
-	base := "http://" + l.Addr().String()
-	waitFor(t, "the watchdog serving /-/healthy on the passed socket", 20*time.Second, func() bool {
-		resp, err := http.Get(base + "/-/healthy")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	waitHealthy(t, "http://"+l.Addr().String())
 	if !strings.Contains(logs.String(), "systemd") {
 		t.Errorf("no log line about the systemd listeners")
 	}

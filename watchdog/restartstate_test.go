@@ -18,6 +18,20 @@ func autoRestart(state string) func(*Config) {
 	}
 }
 
+// wantRestartAfter checks that p is restarted once after about wait, not
+// a minute before it.
+func wantRestartAfter(t *testing.T, h *multi, p *fakePlugin, wait time.Duration) {
+	t.Helper()
+	h.tick(int((wait - time.Minute).Seconds()))
+	if n := p.restartCount(); n != 0 {
+		t.Fatalf("restarted %d times a minute before the interval ends", n)
+	}
+	h.tick(120)
+	if n := p.restartCount(); n != 1 {
+		t.Fatalf("restarts %d a minute after the interval ends, want 1", n)
+	}
+}
+
 // A watchdog that crash-loops must not restart SGLang again before the
 // interval is over: the second watchdog reads the first one's restart
 // from the state file. Without the file it would restart at once.
@@ -36,15 +50,7 @@ func TestRestartIntervalSurvivesAWatchdogRestart(t *testing.T) {
 
 	// The new server wedges again; the watchdog restarted meanwhile.
 	again := wedgedRank("http://127.0.0.1:30100", 0, 8)
-	h2 := newMulti(t, []*fakePlugin{again}, autoRestart(state))
-	h2.tick(29 * 60)
-	if again.restartCount() != 0 {
-		t.Fatalf("restarted %d times within the interval after the watchdog's own restart", again.restartCount())
-	}
-	h2.tick(2 * 60)
-	if again.restartCount() != 1 {
-		t.Fatalf("restarts %d after the interval, want 1", again.restartCount())
-	}
+	wantRestartAfter(t, newMulti(t, []*fakePlugin{again}, autoRestart(state)), again, 30*time.Minute)
 
 	control := wedgedRank("http://127.0.0.1:30100", 0, 9)
 	h3 := newMulti(t, []*fakePlugin{control}, autoRestart(""))
@@ -63,15 +69,7 @@ func TestRestartStateFileCountsFromTheRecordedTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := wedgedRank("http://127.0.0.1:30100", 0, 7)
-	h := newMulti(t, []*fakePlugin{p}, autoRestart(state))
-	h.tick(4 * 60)
-	if p.restartCount() != 0 {
-		t.Fatalf("restarted 29 minutes after the recorded restart")
-	}
-	h.tick(2 * 60)
-	if p.restartCount() != 1 {
-		t.Fatalf("restarts %d 31 minutes after the recorded restart, want 1", p.restartCount())
-	}
+	wantRestartAfter(t, newMulti(t, []*fakePlugin{p}, autoRestart(state)), p, 5*time.Minute)
 }
 
 // A damaged state file delays a restart by a full interval; it never
@@ -85,15 +83,7 @@ func TestRestartStateFileFailsClosed(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := wedgedRank("http://127.0.0.1:30100", 0, 7)
-			h := newMulti(t, []*fakePlugin{p}, autoRestart(state))
-			h.tick(29 * 60)
-			if p.restartCount() != 0 {
-				t.Fatalf("restarted within an interval of a damaged state file")
-			}
-			h.tick(2 * 60)
-			if p.restartCount() != 1 {
-				t.Fatalf("restarts %d, want 1 after the interval", p.restartCount())
-			}
+			wantRestartAfter(t, newMulti(t, []*fakePlugin{p}, autoRestart(state)), p, 30*time.Minute)
 		})
 	}
 	t.Run("unwritable", func(t *testing.T) {
