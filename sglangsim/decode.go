@@ -389,7 +389,8 @@ func (d *dreq) observe(v pview) {
 	d.started = d.started || v.posted
 }
 
-// receiverPoll is the receiver's poll() (facts §10.4, §10.4a): a latched
+// receiverPoll is the receiver's poll() (SGLang v0.5.18:
+// disaggregation/decode.py): a latched
 // Failed, Success once every chunk arrived, the heartbeat's Failed after a
 // prefill death, else WaitingForInput (newest NIXL also while a started
 // transfer is incomplete) under the waiting timeout, or Transferring

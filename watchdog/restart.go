@@ -13,10 +13,13 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// Restart escalation (sglang-facts §10.1): a transfer worker wedged on a
-// handle that never completes has no in-process fix, and SGLang's own answer
-// to a transfer it cannot recover is to end the server so that the
-// orchestrator restarts it. The watchdog asks the plugin to do the same,
+// Restart escalation: a transfer worker wedged on a handle that never
+// completes has no in-process fix (SGLang v0.5.18,
+// python/sglang/srt/disaggregation/nixl/conn.py: NixlKVManager.transfer_worker
+// polls its handles with no deadline), and SGLang's own answer to a
+// scheduler it cannot recover is to end the server so that the orchestrator
+// restarts it (run_scheduler_process in managers/scheduler.py sends SIGQUIT
+// to the server's parent process). The watchdog asks the plugin to do the same,
 // only for a diagnosed (never a suspected) wedge that a re-read still
 // shows, at most once per RestartMinInterval for the pod and never twice
 // for the same process.

@@ -12,7 +12,8 @@
 // evenly over the three mechanisms (PinResurrection,
 // PinAbortBeforeRegister, PinStuckHandle) and evenly in time. A stuck
 // handle wedges its transfer queue until the server restarts: every later
-// room bound for that queue waits behind it (sglang-facts §10.1).
+// room bound for that queue waits behind it (SGLang v0.5.18:
+// NixlKVManager.transfer_worker in disaggregation/nixl/conn.py).
 //
 // It replays the trace (Step-driven simulator, no goroutines of its own)
 // under several configurations of the real watchdog (watchdog.New,
