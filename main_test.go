@@ -1,7 +1,9 @@
 package main
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -102,5 +104,39 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 	if o.watch.Deadline.String() != "2m0s" {
 		t.Errorf("deadline %s: the command line must win over the environment", o.watch.Deadline)
+	}
+}
+
+// TestDocsStandAlone: the project's docs and Go comments state SGLang's
+// facts with SGLang's file and release, and point at nothing outside the
+// repository. (docs/plugin.md, plugin-api.md, deployment.md and ci.md are
+// checked by their owners' tests.)
+func TestDocsStandAlone(t *testing.T) {
+	files := []string{"README.md", "BENCHMARKS.md", "CHANGELOG.md", "docs/runbook.md", "docs/decode.md", "docs/hardening.md", "docs/metrics.md"}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(path, ".go") && path != "main_test.go" {
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{"sglang-facts", "../shared", "/work/shared", "facts §"} {
+			if strings.Contains(string(b), bad) {
+				t.Errorf("%s points outside the repository (%q): state the fact with its SGLang file and release", f, bad)
+			}
+		}
 	}
 }
