@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"context"
-	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
 )
 
 // --web.systemd-socket serves on the socket systemd passes: here a loopback
@@ -43,28 +40,5 @@ func TestSystemdSocketActivation(t *testing.T) {
 	waitHealthy(t, "http://"+l.Addr().String())
 	if !strings.Contains(logs.String(), "systemd") {
 		t.Errorf("no log line about the systemd listeners")
-	}
-}
-
-// A vsock:// listen address goes to vsock, not to TCP: where the host has
-// no vsock (as here, usually) the binary exits 1 naming it; where it has,
-// the binary serves.
-func TestVsockListenAddress(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "run", "--web.listen-address=vsock://:19433", "--sglang.metrics-url=off")
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case ctx.Err() != nil:
-		// Served until killed: this host has vsock.
-	case errors.As(err, &exit) && exit.ExitCode() == 1 && strings.Contains(logs.String(), "vsock"):
-	default:
-		t.Fatalf("exit %v; want exit 1 naming vsock, or serving; log:\n%s", err, tail([]byte(logs.String()), 2000))
-	}
-	if strings.Contains(logs.String(), "tcp") {
-		t.Errorf("the vsock address went to TCP:\n%s", tail([]byte(logs.String()), 2000))
 	}
 }

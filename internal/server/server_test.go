@@ -113,6 +113,21 @@ func TestProbeListenerRefusesVsock(t *testing.T) {
 	}
 }
 
+// A vsock:// listen address goes to exporter-toolkit's vsock listener, not
+// to TCP. A bad port shows it without opening a socket off loopback.
+func TestVsockAddressGoesToVsock(t *testing.T) {
+	o := options(t, "/metrics", 0)
+	*o.Web.WebListenAddresses = []string{"vsock://:not-a-port"}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Serve(context.Background())
+	if err == nil || strings.Contains(err.Error(), "tcp") || !strings.Contains(err.Error(), "not-a-port") {
+		t.Fatalf("Serve: %v; want the vsock port refused, not a TCP error", err)
+	}
+}
+
 // Serve opens the listeners and Addr tells where; after ctx ends Serve
 // returns nil.
 func TestServeAndAddr(t *testing.T) {
