@@ -25,8 +25,10 @@
 //     harness advances a clock.Fake and calls Step (a pass per 100 ms of
 //     simulated time is plenty); 100k requests replay in a few seconds.
 //
-// # The model of one DP rank (SGLang v0.5.18: disaggregation/prefill.py,
-// managers/scheduler_pp_mixin.py)
+// # The model of one DP rank
+//
+// Read in SGLang v0.5.18: disaggregation/prefill.py,
+// managers/scheduler_pp_mixin.py.
 //
 // Each (dp, pp) rank is one scheduler process with its own pid, loop
 // counter, metrics, plugin listener, KV manager and transfer workers. The
@@ -76,7 +78,10 @@
 // decode's ABORT frame beyond acknowledging it (Decode, below) is not
 // modelled, so a pin stays on prefill until a lever or a restart.
 //
-// # Pools (SGLang v0.5.18: disaggregation/prefill.py, managers/schedule_batch.py)
+// # Pools
+//
+// Read in SGLang v0.5.18: disaggregation/prefill.py,
+// managers/schedule_batch.py.
 //
 // Each prefill scheduler process has finite pools, and a request holds its
 // share of them from the moment it takes it until a terminal poll releases
@@ -106,8 +111,9 @@
 // reads all three pools at any time. The radix cache is not modelled: a
 // request's prompt holds its tokens whatever it shares with others.
 //
-// # Gauge refresh (SGLang v0.5.18:
-// managers/scheduler_components/metrics_reporter.py)
+// # Gauge refresh
+//
+// Read in SGLang v0.5.18: managers/scheduler_components/metrics_reporter.py.
 //
 // The PD queue gauges are written only when the scheduler logs stats: when a
 // prefill batch is formed, and by the idle refresh every IdleRefresh, which
@@ -124,8 +130,10 @@
 // write 0 after IdleRefresh. A warm-up batch at start (and after Restart)
 // writes every gauge once, so the gauges exist from the first scrape.
 //
-// # Transfer queues and workers (SGLang v0.5.18: disaggregation/nixl/conn.py,
-// managers/scheduler.py, disaggregation/common/conn.py)
+// # Transfer queues and workers
+//
+// Read in SGLang v0.5.18: disaggregation/nixl/conn.py, managers/scheduler.py,
+// disaggregation/common/conn.py.
 //
 // Each scheduler process has TransferQueues (4) transfer worker queues. A
 // normal request is bound for one decode endpoint (RequestSpec.DecodePort,
@@ -138,8 +146,10 @@
 // _staging_outstanding) until it succeeds. The worker waits for its handles
 // with no deadline and never reads the sender's levers.
 //
-// # Pins (SGLang v0.5.18: disaggregation/common/conn.py,
-// disaggregation/nixl/conn.py, mooncake/conn.py)
+// # Pins
+//
+// Read in SGLang v0.5.18: disaggregation/common/conn.py,
+// disaggregation/nixl/conn.py, mooncake/conn.py.
 //
 //   - PinResurrection: the transfer fails (status Failed = 0) after a few
 //     chunks, but a late Transferring update through a max()-based
@@ -162,9 +172,10 @@
 // RequestSpec.PinStages; the other stages transfer normally, and the
 // request stays on all stages until the pinned ones are terminal too.
 //
-// # Levers and lever eras (SGLang v0.5.18: disaggregation/nixl/conn.py,
-// mooncake/conn.py, managers/scheduler.py, disaggregation/common/conn.py;
-// Options.LeverEra)
+// # Levers and lever eras (Options.LeverEra)
+//
+// Read in SGLang v0.5.18: disaggregation/nixl/conn.py, mooncake/conn.py,
+// managers/scheduler.py, disaggregation/common/conn.py.
 //
 // The plugin pulls, in order, abort (CommonKVSender.abort: record_failure,
 // update_status(room, Failed), conclude_state = Failed) and, on NIXL,
@@ -222,7 +233,9 @@
 // would_restart for a dry run. A prefill process that dies ends its
 // transfers: decode's heartbeat then fails its rooms (Decode, below).
 //
-// # Decode (SGLang v0.5.18: environ.py, disaggregation/decode.py)
+// # Decode
+//
+// Read in SGLang v0.5.18: environ.py, disaggregation/decode.py.
 //
 // The decode server is a separate pod: Options.DecodeDPSize scheduler
 // processes (decode ranks, PP 1, attention-TP leader only), its own pids,
@@ -352,7 +365,9 @@
 // plugins/hook_registry.py, v0.5.11 to v0.5.18); orders are only picked up by
 // passes that run the hook.
 //
-// # /metrics (SGLang v0.5.18: observability/metrics_collector.py)
+// # /metrics
+//
+// Read in SGLang v0.5.18: observability/metrics_collector.py.
 //
 // MetricsHandler renders what prometheus_client's MultiProcessCollector
 // serves: HELP/TYPE lines, sglang: names, labels sorted by name, values in

@@ -1005,8 +1005,10 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		rc.decode = rc.left // prefill's own health checks never reach decode
 	}
 	// Decode frees the others itself (decode.go): nothing on a prefill
-	// release tells it (neither the flip nor the Failed branch sends
-	// KV_STATUS, SGLang v0.5.18: disaggregation/decode.py).
+	// release tells it (neither the flip nor the Failed branch of SGLang
+	// v0.5.18's disaggregation/prefill.py sends decode anything; the
+	// KV_STATUS message of later upstream code comes only from the
+	// transfer worker).
 }
 
 func (r *rank) pruneOrphans(now time.Time) {
