@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"unicode"
 
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
 	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
@@ -96,9 +97,9 @@ func fetchListings(ctx context.Context, urls []string, opts pluginapi.ClientOpti
 // rank could not be read, so that scripts do not mistake a failure for an
 // empty queue.
 func runInflight(ctx context.Context, o *options, stdout, stderr io.Writer) int {
-	listingRT, _, err := pluginTransports(o.pluginTLSFile, "")
+	listingRT, _, err := runconfig.PluginTransports(o.pluginTLSFile, "")
 	if err == nil {
-		err = errors.Join(checkURLs(o.allowRemote, o.pluginURLs...), checkDistinct(o.pluginURLs), checkTimeout("--plugin.timeout", o.ffInflight))
+		err = errors.Join(runconfig.CheckURLs(o.allowRemote, o.pluginURLs...), runconfig.CheckDistinct(o.pluginURLs), runconfig.CheckTimeout("--plugin.timeout", o.ffInflight))
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
@@ -265,10 +266,10 @@ func runForceFail(ctx context.Context, o *options, stdout, stderr io.Writer) int
 		fmt.Fprintf(stderr, "%s: %s\n", appName, fmt.Sprintf(format, args...))
 		return 2
 	}
-	if err := errors.Join(checkURLs(o.ffRemote, o.ffURLs...), checkDistinct(o.ffURLs), checkAdminTimeout("--force-fail.timeout", o.ffTimeout)); err != nil {
+	if err := errors.Join(runconfig.CheckURLs(o.ffRemote, o.ffURLs...), runconfig.CheckDistinct(o.ffURLs), runconfig.CheckAdminTimeout("--force-fail.timeout", o.ffTimeout)); err != nil {
 		return usage("%v", err)
 	}
-	listingRT, adminRT, err := pluginTransports(o.pluginTLSFile, o.ffToken)
+	listingRT, adminRT, err := runconfig.PluginTransports(o.pluginTLSFile, o.ffToken)
 	if err != nil {
 		return usage("%v", err)
 	}

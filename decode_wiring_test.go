@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-kit/log"
 
+	"github.com/sglang-watchdog/sglang-watchdog/internal/server"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
@@ -71,6 +72,17 @@ func TestVerdictEndpointBehindWebConfig(t *testing.T) {
 	var v pluginapi.RoomVerdict
 	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != http.StatusOK || v.Verdict != pluginapi.VerdictUnknown || v.Room != "18446744073709551615" {
 		t.Fatalf("HTTP %d %+v %v; want an unknown verdict for the room", resp.StatusCode, v, err)
+	}
+}
+
+// Every route of the main listener, the verdict API and the webhook
+// included, sits behind the web config's authentication.
+func TestEveryRouteBehindWebConfig(t *testing.T) {
+	main, _ := serveWithBasicAuth(t, "decode", "pass")
+	for _, p := range append([]string{"/", "/metrics", pluginapi.PathRoomVerdict + "1"}, server.Routes...) {
+		if code, _ := get(t, main+p); code != http.StatusUnauthorized {
+			t.Errorf("%s without credentials: %d, want 401", p, code)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,10 @@ import (
 
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
 	"github.com/sglang-watchdog/sglang-watchdog/collector"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/liveness"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/server"
+	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
@@ -28,6 +33,7 @@ type demoOptions struct {
 	listen   string
 	mode     string
 	restart  bool
+	logs     string
 }
 
 func addDemoFlags(app *kingpin.Application, d *demoOptions) {
@@ -40,6 +46,7 @@ func addDemoFlags(app *kingpin.Application, d *demoOptions) {
 		sglangsim.BackendNIXL, sglangsim.BackendMooncake)
 	cmd.Flag("web.listen-address", "Address of the watchdog's metrics endpoint.").Default("127.0.0.1:0").StringVar(&d.listen)
 	cmd.Flag("force-fail.mode", "off, dry-run or auto.").Default("auto").EnumVar(&d.mode, "off", "dry-run", "auto")
+	cmd.Flag("demo.logs", "File the watchdogs' own log lines go to, so that the terminal shows the narration alone; - sends them to standard error, between the narrated lines. Default: a new file in the temporary directory, whose path the demo prints.").StringVar(&d.logs)
 	cmd.Flag("demo.restart", "Let the watchdog escalate the transfer wedge to a restart of the simulated server (--restart.mode as --force-fail.mode, a 2m --restart.min-interval, a 10s boot); --no-demo.restart leaves the wedge to fail-fast alone, as the shipped default does.").Default("true").BoolVar(&d.restart)
 }
 
@@ -59,6 +66,8 @@ const (
 	demoRestartEvery   = 2 * time.Minute
 	demoBootTime       = 10 * time.Second
 	demoToken          = "demo-token"
+	// demoAdminTimeout is the shipped --force-fail.timeout.
+	demoAdminTimeout = 7 * time.Second
 	// demoHungAfter: a room queued behind the wedge this long before the
 	// end and still there counts as hung (younger ones may be failed on
 	// the next cycle).
@@ -223,10 +232,43 @@ func (n *narrator) event(e watchdog.Event) {
 	}
 }
 
-func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Writer) int {
+// demoLogs opens where the watchdogs' log lines go: a file (named by
+// --demo.logs, or a new one in the temporary directory) or, with "-",
+// stderr. The narration is the demo's story; the raw log lines, about a
+// third of the output when interleaved, bury it. close is nil for stderr.
+func demoLogs(path string, stderr io.Writer) (w io.Writer, name string, close func() error, err error) {
+	var f *os.File
+	switch path {
+	case "-":
+		return stderr, "", nil, nil
+	case "":
+		f, err = os.CreateTemp("", "sglang-watchdog-demo-*.log")
+	default:
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	}
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("--demo.logs: %w", err)
+	}
+	return f, f.Name(), f.Close, nil
+}
+
+func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	d := o.demo
 	if d.ranks < 1 {
 		fmt.Fprintln(stdout, "--demo.ranks must be at least 1")
+		return 2
+	}
+	logs, logName, closeLogs, err := demoLogs(d.logs, stderr)
+	if err != nil {
+		fmt.Fprintln(stdout, err)
+		return 2
+	}
+	if closeLogs != nil {
+		defer closeLogs()
+	}
+	logger, err := logging.New(logs, o.log)
+	if err != nil {
+		fmt.Fprintln(stdout, err)
 		return 2
 	}
 	if d.duration > 0 {
@@ -276,7 +318,7 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 		OnEvent: n.event,
 	}
 	for _, u := range pluginURLs {
-		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: 800 * time.Millisecond, AdminTimeout: 7 * time.Second, Token: demoToken}))
+		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: 800 * time.Millisecond, AdminTimeout: demoAdminTimeout, Token: demoToken}))
 	}
 	wd, err := watchdog.New(cfg)
 	if err != nil {
@@ -284,16 +326,21 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 		return 1
 	}
 	listen := []string{d.listen}
-	o.web = &web.FlagConfig{WebListenAddresses: &listen, WebSystemdSocket: new(bool), WebConfigFile: new(string)}
-	o.telemetryPath = "/metrics"
-	// The liveness limit of /-/healthy follows these.
-	o.watch.interval, o.watch.adminTimeout = cfg.Interval, 7*time.Second
-	srv, err := newServer(o, wd, nil, logger)
+	live := liveness.New(wd, cfg.Interval, demoAdminTimeout, time.Now)
+	srv, err := server.New(server.Options{Watchdog: wd, Live: live, TelemetryPath: "/metrics", Logger: logger,
+		Web: &web.FlagConfig{WebListenAddresses: &listen, WebSystemdSocket: new(bool), WebConfigFile: new(string)}})
 	if err != nil {
 		fmt.Fprintf(stdout, "watchdog: %v\n", err)
 		return 1
 	}
-	_, port, _ := net.SplitHostPort(srv.listeners[0].Addr().String())
+	served := make(chan int, 1)
+	go func() { served <- serveAndWatch(ctx, srv, live, wd, nil, logger) }()
+	addr := srv.Addr(ctx)
+	if addr == nil {
+		fmt.Fprintf(stdout, "watchdog: cannot serve on %s (see the log)\n", d.listen)
+		return <-served
+	}
+	_, port, _ := net.SplitHostPort(addr.String())
 	verdictURL := "http://{host}:" + port
 	dwd, err := decodeWatchdog(cfg, decodeMetricsURL, decodeURLs, verdictURL, n, logger)
 	if err != nil {
@@ -305,7 +352,7 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 	for i, u := range pluginURLs {
 		n.say("simulator: plugin of rank %d at %s", i, u)
 	}
-	n.say("watchdog:  mode %s, deadline %s, stall window %s, fail-fast on; its metrics at http://%s/metrics", mode, demoDeadline, demoStallWindow, srv.listeners[0].Addr())
+	n.say("watchdog:  mode %s, deadline %s, stall window %s, fail-fast on; its metrics at http://%s/metrics", mode, demoDeadline, demoStallWindow, addr)
 	if d.restart {
 		n.say("restart:   --restart.mode=%s, min interval %s (shipped default 30m); the simulated server boots in %s", restart, demoRestartEvery, demoBootTime)
 	} else {
@@ -314,6 +361,9 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 	n.say("decode:    %d SGLang decode rank(s), /metrics at %s, waiting timeout %s (+%s deferred release); a second watchdog for the decode pod: decode deadline %s (shipped 180s), prefill verdicts from %s",
 		len(decodeURLs), decodeMetricsURL, sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout, demoDecodeDeadline, verdictURL)
 	n.say("traffic:   ~3 requests/s with heavy-tailed KV transfers, some slow ones that keep progressing, and health checks")
+	if logName != "" {
+		n.say("logs:      the watchdogs' own log lines go to %s", logName)
+	}
 
 	go injectPins(ctx, sim, d.ranks, n)
 	go watchBoot(ctx, sim, n)
@@ -323,7 +373,7 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 		defer close(decodeDone)
 		_ = dwd.Run(ctx)
 	}()
-	code := serveAndWatch(ctx, srv, o.web, wd, nil, log.NewNopLogger())
+	code := <-served
 	<-decodeDone
 	return demoSummary(sim, wd, dwd, n, code)
 }
@@ -333,7 +383,7 @@ func runDemo(ctx context.Context, o *options, logger log.Logger, stdout io.Write
 // server's /metrics, and the prefill watchdog's verdicts over HTTP
 // (--decode.prefill-watchdog-url=verdictURL).
 func decodeWatchdog(prefill watchdog.Config, metricsURL string, pluginURLs []string, verdictURL string, n *narrator, logger log.Logger) (*watchdog.Watchdog, error) {
-	client, err := verdictClient(&decodeOptions{prefillURL: verdictURL, prefillNetworks: []string{"127.0.0.0/8", "::1/128"}, prefillTimeout: 500 * time.Millisecond})
+	client, err := runconfig.VerdictClient(runconfig.Decode{PrefillURL: verdictURL, PrefillNetworks: []string{"127.0.0.0/8", "::1/128"}, PrefillTimeout: 500 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +396,7 @@ func decodeWatchdog(prefill watchdog.Config, metricsURL string, pluginURLs []str
 	cfg.OnEvent = n.decodeEvent
 	cfg.Plugins = nil
 	for _, u := range pluginURLs {
-		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: 800 * time.Millisecond, AdminTimeout: 7 * time.Second, Token: demoToken}))
+		cfg.Plugins = append(cfg.Plugins, pluginapi.NewClient(u, pluginapi.ClientOptions{Timeout: 800 * time.Millisecond, AdminTimeout: demoAdminTimeout, Token: demoToken}))
 	}
 	return watchdog.New(cfg)
 }

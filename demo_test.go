@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +65,37 @@ func TestDemoDecodeSummaryFailsOnUnsafeFree(t *testing.T) {
 				t.Errorf("decodeSummary = %d, want unsafe %v; summary:\n%s", bad, tc.wantUnsafe, out.String())
 			}
 		})
+	}
+}
+
+// The terminal shows the narration alone: every line of stdout is a
+// narrated line, and the watchdogs' log lines go to the file whose path
+// the demo prints. --demo.logs=- puts them back on stderr.
+func TestDemoNarrationAloneOnTheTerminal(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "demo.log")
+	var out, errb bytes.Buffer
+	run([]string{"demo", "--demo.duration=4s", "--demo.logs=" + logFile}, &out, &errb)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "[") || strings.Contains(l, "level=") {
+			t.Errorf("stdout line not narrated: %q", l)
+		}
+	}
+	if !strings.Contains(out.String(), "logs:      the watchdogs' own log lines go to "+logFile) {
+		t.Errorf("the demo does not print where its logs go:\n%s", out.String())
+	}
+	if strings.Contains(errb.String(), "level=") {
+		t.Errorf("log lines on stderr:\n%s", errb.String())
+	}
+	b, err := os.ReadFile(logFile)
+	if err != nil || !strings.Contains(string(b), "level=") {
+		t.Errorf("log file %v:\n%s", err, b)
+	}
+
+	out.Reset()
+	errb.Reset()
+	run([]string{"demo", "--demo.duration=3s", "--demo.logs=-"}, &out, &errb)
+	if !strings.Contains(errb.String(), "level=") || strings.Contains(out.String(), "level=") || strings.Contains(out.String(), "logs: ") {
+		t.Errorf("--demo.logs=-: want the log lines on stderr only; stdout:\n%s\nstderr:\n%.500s", out.String(), errb.String())
 	}
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/sglang-watchdog/sglang-watchdog/deploy"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
 )
 
 // TestSidecarArgsAreAcceptedFlags parses every Kubernetes sidecar's
@@ -32,8 +35,8 @@ func TestSidecarArgsAreAcceptedFlags(t *testing.T) {
 		// The verdict lookups' URL template and networks, as the binary
 		// checks them at start (the HTTP client file lives in the pod).
 		d := o.decode
-		d.prefillHTTPConfig = ""
-		if _, err := verdictClient(&d); err != nil {
+		d.PrefillHTTPConfig = ""
+		if _, err := runconfig.VerdictClient(d); err != nil {
 			t.Errorf("%s: the binary rejects the sidecar's verdict lookups: %v", file, err)
 		}
 	}
@@ -96,10 +99,44 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	if len(o.pluginURLs) != 2 || o.pluginURLs[1] != "http://127.0.0.1:30101" {
 		t.Errorf("plugin URLs from the environment: %q", o.pluginURLs)
 	}
-	if o.watch.mode != "auto" {
-		t.Errorf("mode from the environment: %q", o.watch.mode)
+	if o.watch.Mode != "auto" {
+		t.Errorf("mode from the environment: %q", o.watch.Mode)
 	}
-	if o.watch.deadline.String() != "2m0s" {
-		t.Errorf("deadline %s: the command line must win over the environment", o.watch.deadline)
+	if o.watch.Deadline.String() != "2m0s" {
+		t.Errorf("deadline %s: the command line must win over the environment", o.watch.Deadline)
+	}
+}
+
+// TestDocsStandAlone: the project's docs and Go comments state SGLang's
+// facts with SGLang's file and release, and point at nothing outside the
+// repository. (docs/plugin.md, plugin-api.md, deployment.md and ci.md are
+// checked by their owners' tests.)
+func TestDocsStandAlone(t *testing.T) {
+	files := []string{"README.md", "BENCHMARKS.md", "CHANGELOG.md", "docs/runbook.md", "docs/decode.md", "docs/hardening.md", "docs/metrics.md"}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if strings.HasSuffix(path, ".go") && path != "main_test.go" {
+			files = append(files, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{"sglang-facts", "../shared", "/work/shared", "facts §"} {
+			if strings.Contains(string(b), bad) {
+				t.Errorf("%s points outside the repository (%q): state the fact with its SGLang file and release", f, bad)
+			}
+		}
 	}
 }

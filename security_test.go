@@ -15,6 +15,7 @@ import (
 
 	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
@@ -77,23 +78,23 @@ func TestRemoteURLsNeedAllowRemote(t *testing.T) {
 	never := []string{"ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1:30100", "", "unix:///run/sglang.sock"}
 
 	for _, u := range loopbackOK {
-		if err := checkURLs(false, u); err != nil {
+		if err := runconfig.CheckURLs(false, u); err != nil {
 			t.Errorf("loopback %q refused: %v", u, err)
 		}
 	}
 	for _, u := range remote {
-		if err := checkURLs(false, u); err == nil {
+		if err := runconfig.CheckURLs(false, u); err == nil {
 			t.Errorf("remote %q accepted without --plugin.allow-remote", u)
 		}
-		if err := checkURLs(true, u); err != nil {
+		if err := runconfig.CheckURLs(true, u); err != nil {
 			t.Errorf("remote %q refused with --plugin.allow-remote: %v", u, err)
 		}
 	}
 	for _, u := range never {
-		if err := checkURLs(false, u); err == nil {
+		if err := runconfig.CheckURLs(false, u); err == nil {
 			t.Errorf("%q accepted", u)
 		}
-		if err := checkURLs(true, u); err == nil {
+		if err := runconfig.CheckURLs(true, u); err == nil {
 			t.Errorf("%q accepted with --plugin.allow-remote", u)
 		}
 	}
@@ -144,11 +145,11 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	}
 	before := wd.Snapshot()
 
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
+	srv, err := newServer(o, wd, nil, newLiveness(o, wd), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.close()
+	defer srv.Close()
 	alert := `{"version":"4","status":"firing","alerts":[{"status":"firing","labels":{"alertname":"` + alertwebhook.AlertName + `","dp_rank":"0","pp_rank":"0"}}]}`
 	paths := []string{"/", "/metrics", "/-/healthy", "/-/ready", alertwebhook.Path, "/-/reload", "/-/quit",
 		"/admin/force_fail", "/debug/pprof/", "/api/v1/mode", "/metrics?mode=auto", pluginapi.PathRoomVerdict + "1"}
@@ -159,7 +160,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 			req := httptest.NewRequest(m, p, strings.NewReader(alert))
 			req.Header.Set("Content-Type", "application/json")
 			rec := httptest.NewRecorder()
-			srv.handler.ServeHTTP(rec, req)
+			srv.Handler().ServeHTTP(rec, req)
 			if p == alertwebhook.Path {
 				disabled++
 				if rec.Code != http.StatusForbidden {
@@ -207,15 +208,15 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go receiver.Run(ctx)
-	srv2, err := newServer(o, wd, receiver, log.NewNopLogger())
+	srv2, err := newServer(o, wd, receiver, newLiveness(o, wd), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv2.close()
+	defer srv2.Close()
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(strings.Replace(alert, `"labels":{`, `"labels":{"pod":"prefill-0",`, 1)))
 	req.Header.Set("Authorization", "Bearer hook-tok")
-	srv2.handler.ServeHTTP(rec, req)
+	srv2.Handler().ServeHTTP(rec, req)
 	if rec.Code != http.StatusAccepted {
 		t.Fatalf("enabled webhook answered %d: %s", rec.Code, rec.Body.String())
 	}
@@ -237,7 +238,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 // accepted and fails on every read instead of at start.
 func TestAllowRemoteStillValidatesURLs(t *testing.T) {
 	for _, u := range []string{"http://", "http://:30100", "https:///metrics", "http://exa mple.com"} {
-		if err := checkURLs(true, u); err == nil {
+		if err := runconfig.CheckURLs(true, u); err == nil {
 			t.Errorf("%q accepted with --plugin.allow-remote", u)
 		}
 	}
@@ -257,14 +258,14 @@ func TestOwnServerDropsSlowClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := newServer(o, wd, receiver, log.NewNopLogger())
+	srv, err := newServer(o, wd, receiver, newLiveness(o, wd), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go srv.serve(ctx, o.web, log.NewNopLogger())
-	addr := srv.listeners[0].Addr().String()
+	go srv.Serve(ctx)
+	addr := srv.Addr(ctx).String()
 
 	for _, tc := range []struct{ name, send string }{
 		{"stalled body", "POST " + alertwebhook.Path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"alerts\":["},
@@ -327,17 +328,17 @@ func TestWebhookDisabledMutatesNothing(t *testing.T) {
 	sim.Inject(0, sglangsim.PinResurrection)
 	wd, o := watchdogAndOptions(t, clk, append([]string{"--sglang.metrics-url=", "--force-fail.mode=off",
 		"--web.listen-address=127.0.0.1:0"}, pluginArgs(pluginURLs)...)...)
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
+	srv, err := newServer(o, wd, nil, newLiveness(o, wd), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.close()
+	defer srv.Close()
 	for s := 1; s <= 70; s++ {
 		step(clk, wd)
 	}
 	req, _ := http.NewRequest(http.MethodPost, alertwebhook.Path, strings.NewReader(`{"alerts":[{"status":"firing","labels":{"alertname":"SGLangWatchdogRequestStuck","dp_rank":"0","pp_rank":"0"}}]}`))
 	rec := httptest.NewRecorder()
-	srv.handler.ServeHTTP(rec, req)
+	srv.Handler().ServeHTTP(rec, req)
 	if rec.Code != http.StatusForbidden {
 		t.Fatalf("disabled webhook answered %d", rec.Code)
 	}

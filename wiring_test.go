@@ -21,8 +21,12 @@ import (
 
 	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/liveness"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/server"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
 // configError parses run's arguments and returns watchdogConfig's error.
@@ -164,7 +168,8 @@ func TestDuplicatePluginURLsAreRefused(t *testing.T) {
 // take, or one that would shadow another endpoint, ends the run command
 // with exit status 2 and a message naming the flag, not a panic.
 func TestBadTelemetryPathIsAConfigurationError(t *testing.T) {
-	for _, p := range []string{"metrics", "", "/-/healthy", "/-/ready", alertwebhook.Path, "/me trics", "/{x}", "GET /metrics", "/m?x=1"} {
+	bad := []string{"metrics", "", "/me trics", "/{x}", "GET /metrics", "/m?x=1", pluginapi.PathRoomVerdict + "7"}
+	for _, p := range append(bad, server.Routes...) {
 		var out, errb bytes.Buffer
 		code := run([]string{"run", "--web.listen-address=127.0.0.1:0", "--sglang.metrics-url=off", "--web.telemetry-path=" + p}, &out, &errb)
 		if code != 2 || !strings.Contains(errb.String(), "--web.telemetry-path") {
@@ -247,16 +252,20 @@ func TestWebhookNeedsItsOwnCredentialAndIdentity(t *testing.T) {
 
 // serveFor starts srv until the test ends and returns its main and probe
 // base URLs.
-func serveFor(t *testing.T, srv *server, o *options) (string, string) {
+func serveFor(t *testing.T, srv *server.Server) (string, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go srv.serve(ctx, o.web, log.NewNopLogger())
+	go srv.Serve(ctx)
 	probe := ""
-	if srv.probeListener != nil {
-		probe = "http://" + srv.probeListener.Addr().String()
+	if a := srv.ProbeAddr(); a != nil {
+		probe = "http://" + a.String()
 	}
-	return "http://" + srv.listeners[0].Addr().String(), probe
+	addr := srv.Addr(ctx)
+	if addr == nil {
+		t.Fatal("the server does not serve")
+	}
+	return "http://" + addr.String(), probe
 }
 
 func get(t *testing.T, url string) (int, string) {
@@ -307,13 +316,13 @@ func serveWithBasicAuth(t *testing.T, user, pass string) (main, probe string) {
 	}
 	wd, o := watchdogAndOptions(t, clock.Real{}, "--sglang.metrics-url=off", "--web.listen-address=127.0.0.1:0",
 		"--web.config.file="+webConfig, "--web.probe-listen-address=127.0.0.1:0")
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
+	srv, err := newServer(o, wd, nil, newLiveness(o, wd), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(srv.close)
+	t.Cleanup(srv.Close)
 	wd.RunCycle(context.Background())
-	return serveFor(t, srv, o)
+	return serveFor(t, srv)
 }
 
 // TestLivenessReflectsAStoppedLoop: /-/healthy fails once the watch loop
@@ -322,16 +331,16 @@ func serveWithBasicAuth(t *testing.T, user, pass string) (main, probe string) {
 func TestLivenessReflectsAStoppedLoop(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	wd, o := watchdogAndOptions(t, clk, "--sglang.metrics-url=off", "--web.listen-address=127.0.0.1:0", "--web.probe-listen-address=127.0.0.1:0")
-	srv, err := newServer(o, wd, nil, log.NewNopLogger())
+	live := liveness.New(wd, o.watch.Interval, o.watch.AdminTimeout, clk.Now)
+	srv, err := newServer(o, wd, nil, live, log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.close()
-	srv.live.now = clk.Now
-	srv.live.loopStarted()
+	defer srv.Close()
+	live.LoopStarted()
 	healthy := func() int {
 		rec := httptest.NewRecorder()
-		srv.probes.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/-/healthy", nil))
+		srv.Probes().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/-/healthy", nil))
 		return rec.Code
 	}
 	if code := healthy(); code != http.StatusOK {
@@ -361,14 +370,14 @@ func TestMetricsHandlerIsInstrumented(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := newServer(o, wd, receiver, log.NewNopLogger())
+	srv, err := newServer(o, wd, receiver, newLiveness(o, wd), log.NewNopLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.close()
+	defer srv.Close()
 	for i := 0; i < 2; i++ {
 		rec := httptest.NewRecorder()
-		srv.handler.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 		if i == 1 {
 			for _, want := range []string{`promhttp_metric_handler_requests_total{code="200"} 1`, "promhttp_metric_handler_requests_in_flight 1",
 				`sglang_watchdog_alert_webhook_refusals_total{reason="unauthorized"} 0`} {
@@ -426,7 +435,7 @@ func TestPluginTLSAndTokenRotation(t *testing.T) {
 
 	// Without the CA the server is not trusted: the file is what makes
 	// the calls below work.
-	noCA, _, err := pluginTransports("", "")
+	noCA, _, err := runconfig.PluginTransports("", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +443,7 @@ func TestPluginTLSAndTokenRotation(t *testing.T) {
 		t.Fatal("a self-signed plugin was trusted without --plugin.tls-config-file")
 	}
 
-	listing, admin, err := pluginTransports(tlsFile, tok)
+	listing, admin, err := runconfig.PluginTransports(tlsFile, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +485,7 @@ func TestPluginTLSAndTokenRotation(t *testing.T) {
 	if err := os.WriteFile(tlsFile, []byte("ca_file: ca.pem\nverify: yes\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := pluginTransports(tlsFile, ""); err == nil || !strings.Contains(err.Error(), "verify") {
+	if _, _, err := runconfig.PluginTransports(tlsFile, ""); err == nil || !strings.Contains(err.Error(), "verify") {
 		t.Errorf("an unknown TLS key: %v", err)
 	}
 }
@@ -569,5 +578,22 @@ func TestForceFailRefusesHealthChecks(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"inflight", "--plugin.url=" + pluginURLs[0]}, &out, &errb); code != 0 || !strings.Contains(out.String(), "HEALTH_CHECK_1764403200.0") {
 		t.Errorf("inflight after the refusals: exit %d\n%s", code, out.String())
+	}
+}
+
+// --restart.state-file reaches the watchdog, which refuses a path it
+// cannot write in auto mode.
+func TestRestartStateFileFlag(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "restart-state.json")
+	cfg, err := watchdogConfig(parseRun(t, "--sglang.metrics-url=off", "--restart.mode=auto", "--restart.state-file="+state), log.NewNopLogger())
+	if err != nil || cfg.RestartStateFile != state {
+		t.Fatalf("config %q, %v; want the state file", cfg.RestartStateFile, err)
+	}
+	cfg.Clock = clock.Real{}
+	if _, err := watchdog.New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(state); err != nil {
+		t.Fatalf("state file not written at start: %v", err)
 	}
 }

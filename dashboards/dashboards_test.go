@@ -612,7 +612,9 @@ func resolveDoc(doc map[string]docMetric, name string) (string, bool) {
 }
 
 // knownSGLang lists the SGLang series the dashboard may use, with their
-// labels beyond the common ones (shared/sglang-facts.md §1.3-1.4).
+// labels beyond the common ones (SGLang v0.5.18:
+// python/sglang/srt/observability/metrics_collector.py; the v0.5-era names
+// from metrics/collector.py, v0.5.3).
 var knownSGLang = map[string]bool{
 	"sglang:num_prefill_inflight_queue_reqs":      true,
 	"sglang:num_prefill_prealloc_queue_reqs":      true, // v0.5-era name
@@ -687,7 +689,7 @@ func TestQueriesUseOnlyKnownMetrics(t *testing.T) {
 				case m == "up":
 				case strings.HasPrefix(m, "sglang:"):
 					if !knownSGLang[m] {
-						t.Errorf("%s: SGLang metric %q is not in the known list (add it to knownSGLang after checking shared/sglang-facts.md)", where, m)
+						t.Errorf("%s: SGLang metric %q is not in the known list (add it to knownSGLang after finding it in SGLang's observability/metrics_collector.py)", where, m)
 					}
 				case strings.HasPrefix(m, "sglang_watchdog_"):
 					if _, ok := resolveDoc(doc, m); !ok {

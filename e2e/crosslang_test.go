@@ -353,7 +353,9 @@ func compare(t *testing.T, pyURL, goURL string, exchanges []exchange) {
 }
 
 // TestGoSimulatorAndPythonPluginAnswerAlikeOnOlderEras compares the parity
-// scene on the SGLang releases where no lever works (facts §10.2): mid-2025
+// scene on the SGLang releases where no lever works (SGLang v0.4.10:
+// disaggregation/nixl/conn.py has no _send_failed and a max()-only
+// update_status, so neither lever makes poll() read Failed): mid-2025
 // NIXL, and the earliest scheduler whose Failed branch raises. Both must list
 // no lever with a note, refuse every force-fail with 501 (dry runs too) but a
 // health check or warm-up with 409, and change nothing.

@@ -230,15 +230,21 @@ func startWatchdog(t *testing.T, args ...string) *watchdogProc {
 			t.Logf("watchdog log (last 3000 bytes):\n%s", tail([]byte(p.logs.String()), 3000))
 		}
 	})
-	waitFor(t, "the watchdog serving /-/healthy", 20*time.Second, func() bool {
-		resp, err := http.Get(p.base + "/-/healthy")
+	waitHealthy(t, p.base)
+	return p
+}
+
+// waitHealthy waits until the watchdog at base serves /-/healthy.
+func waitHealthy(t *testing.T, base string) {
+	t.Helper()
+	waitFor(t, "the watchdog serving /-/healthy at "+base, 20*time.Second, func() bool {
+		resp, err := http.Get(base + "/-/healthy")
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	})
-	return p
 }
 
 func (p *watchdogProc) stop() {

@@ -81,7 +81,8 @@ func TestFaultRoomFloodOnOneRankBlindsTheOthers(t *testing.T) {
 // TestFaultWedgeOutlivesItsRelease: a stuck transfer handle blocks every
 // room of its transfer queue behind it while traffic keeps coming, so the
 // blocked rooms look stuck too. Releasing the wedging room frees the
-// request, not the worker (facts §10.1): the rooms behind it never resume
+// request, not the worker (SGLang v0.5.18: disaggregation/nixl/conn.py): the
+// rooms behind it never resume
 // until the server restarts, so none of them completes, and failing them
 // fails no request that was making progress.
 func TestFaultWedgeOutlivesItsRelease(t *testing.T) {

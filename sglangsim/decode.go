@@ -389,11 +389,13 @@ func (d *dreq) observe(v pview) {
 	d.started = d.started || v.posted
 }
 
-// receiverPoll is the receiver's poll() (facts §10.4, §10.4a): a latched
+// receiverPoll is the receiver's poll() (SGLang v0.5.18: the receivers'
+// poll() in disaggregation/nixl/conn.py and mooncake/conn.py): a latched
 // Failed, Success once every chunk arrived, the heartbeat's Failed after a
 // prefill death, else WaitingForInput (newest NIXL also while a started
 // transfer is incomplete) under the waiting timeout, or Transferring
-// (Mooncake, once started), which no timeout covers. It returns the poll,
+// (Mooncake, once started), which no timeout covers (Mooncake's poll()
+// applies the timeout only in WaitingForInput). It returns the poll,
 // the cause of a Failed and when that failure happened.
 func (s *Sim) receiverPoll(d *dreq, v pview, now time.Time) (kvPoll, DecodeEnd, time.Time) {
 	if d.aborted {

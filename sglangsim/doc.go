@@ -7,9 +7,10 @@
 // additions" and "Round 3 additions") for every prefill (dp, pp) rank and
 // every decode rank. It is
 // meant to be as unforgiving as SGLang: a watchdog that passes only because
-// the simulator is kind is wrong. References like "facts §1.6" point into
-// the project's SGLang fact sheet (sglang-facts.md; §10 is the newest
-// reading and wins).
+// the simulator is kind is wrong. References like "SGLang v0.5.18:
+// disaggregation/prefill.py" name the file, under python/sglang/srt/, and
+// the SGLang release where the behaviour modelled was read; v0.5.18 is the
+// newest release read, and older eras are named where they differ.
 //
 // # Time
 //
@@ -24,7 +25,10 @@
 //     harness advances a clock.Fake and calls Step (a pass per 100 ms of
 //     simulated time is plenty); 100k requests replay in a few seconds.
 //
-// # The model of one DP rank (facts §3.1, §3.2, §10.3)
+// # The model of one DP rank
+//
+// Read in SGLang v0.5.18: disaggregation/prefill.py,
+// managers/scheduler_pp_mixin.py.
 //
 // Each (dp, pp) rank is one scheduler process with its own pid, loop
 // counter, metrics, plugin listener, KV manager and transfer workers. The
@@ -48,7 +52,8 @@
 // request (prefill_transfer_kv_cache stage
 // latency, kv_transfer_* metrics, the tokenizer's num_requests_total,
 // prompt_tokens_total, generation_tokens_total); Failed releases it too and
-// increments sglang:num_transfer_failed_reqs_total (facts §3.2, §7.4).
+// increments sglang:num_transfer_failed_reqs_total (SGLang v0.5.18:
+// disaggregation/prefill.py).
 //
 // Healthy transfer times are lognormal (sigma 1: p99.9 is about 22x the
 // median). A SlowFraction of requests transfer for 30 s to 150 s but send a
@@ -73,7 +78,10 @@
 // decode's ABORT frame beyond acknowledging it (Decode, below) is not
 // modelled, so a pin stays on prefill until a lever or a restart.
 //
-// # Pools (facts §3.1, §3.8)
+// # Pools
+//
+// Read in SGLang v0.5.18: disaggregation/prefill.py,
+// managers/schedule_batch.py.
 //
 // Each prefill scheduler process has finite pools, and a request holds its
 // share of them from the moment it takes it until a terminal poll releases
@@ -103,12 +111,15 @@
 // reads all three pools at any time. The radix cache is not modelled: a
 // request's prompt holds its tokens whatever it shares with others.
 //
-// # Gauge refresh (facts §1.6, §7.1)
+// # Gauge refresh
+//
+// Read in SGLang v0.5.18: managers/scheduler_components/metrics_reporter.py.
 //
 // The PD queue gauges are written only when the scheduler logs stats: when a
 // prefill batch is formed, and by the idle refresh every IdleRefresh, which
 // the PD prefill loop skips while the inflight queue is non-empty. Era
-// "newest" logs after the batch result is processed (facts §3.1:
+// "newest" logs after the batch result is processed (SGLang v0.5.18:
+// disaggregation/prefill.py:
 // report_prefill_stats after the requests were appended to the inflight
 // queue), so a lone stuck request with no further traffic pins
 // num_prefill_inflight_queue_reqs at 1 for ever. Older eras log when the
@@ -119,7 +130,10 @@
 // write 0 after IdleRefresh. A warm-up batch at start (and after Restart)
 // writes every gauge once, so the gauges exist from the first scrape.
 //
-// # Transfer queues and workers (facts §10.1, §10.2)
+// # Transfer queues and workers
+//
+// Read in SGLang v0.5.18: disaggregation/nixl/conn.py, managers/scheduler.py,
+// disaggregation/common/conn.py.
 //
 // Each scheduler process has TransferQueues (4) transfer worker queues. A
 // normal request is bound for one decode endpoint (RequestSpec.DecodePort,
@@ -132,7 +146,10 @@
 // _staging_outstanding) until it succeeds. The worker waits for its handles
 // with no deadline and never reads the sender's levers.
 //
-// # Pins (facts §3.4, §3.5, §7.6, §10.1)
+// # Pins
+//
+// Read in SGLang v0.5.18: disaggregation/common/conn.py,
+// disaggregation/nixl/conn.py, mooncake/conn.py.
 //
 //   - PinResurrection: the transfer fails (status Failed = 0) after a few
 //     chunks, but a late Transferring update through a max()-based
@@ -155,7 +172,10 @@
 // RequestSpec.PinStages; the other stages transfer normally, and the
 // request stays on all stages until the pinned ones are terminal too.
 //
-// # Levers and lever eras (facts §3.5, §10.2; Options.LeverEra)
+// # Levers and lever eras (Options.LeverEra)
+//
+// Read in SGLang v0.5.18: disaggregation/nixl/conn.py, mooncake/conn.py,
+// managers/scheduler.py, disaggregation/common/conn.py.
 //
 // The plugin pulls, in order, abort (CommonKVSender.abort: record_failure,
 // update_status(room, Failed), conclude_state = Failed) and, on NIXL,
@@ -213,7 +233,9 @@
 // would_restart for a dry run. A prefill process that dies ends its
 // transfers: decode's heartbeat then fails its rooms (Decode, below).
 //
-// # Decode (facts §3.7, §10.4, §10.4a)
+// # Decode
+//
+// Read in SGLang v0.5.18: environ.py, disaggregation/decode.py.
 //
 // The decode server is a separate pod: Options.DecodeDPSize scheduler
 // processes (decode ranks, PP 1, attention-TP leader only), its own pids,
@@ -339,10 +361,13 @@
 // or that would be pulled.
 // The loop counter (listing loop.iterations) counts inflight passes: every
 // pass with HookRunsWhenEmpty (newest loops), otherwise only passes with a
-// non-empty inflight queue (facts §8, §9); orders are only picked up by
+// non-empty inflight queue (SGLang v0.5.18: disaggregation/prefill.py; SGLang
+// plugins/hook_registry.py, v0.5.11 to v0.5.18); orders are only picked up by
 // passes that run the hook.
 //
-// # /metrics (facts §1)
+// # /metrics
+//
+// Read in SGLang v0.5.18: observability/metrics_collector.py.
 //
 // MetricsHandler renders what prometheus_client's MultiProcessCollector
 // serves: HELP/TYPE lines, sglang: names, labels sorted by name, values in

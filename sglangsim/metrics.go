@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-// Scheduler gauges (facts §1.3, §1.4), indexes into rankMetrics.g.
+// Scheduler gauges (SGLang v0.5.18: observability/metrics_collector.py),
+// indexes into rankMetrics.g.
 const (
 	gRunning = iota
 	gUsedTokens
@@ -151,10 +152,11 @@ type gaugeDef struct {
 	oldHelp  string // HELP in the two oldest eras, when it differed
 	eras     int
 	priority bool // newest: QueueCount gauge with priority=""
-	pid      bool // no multiprocess_mode: prometheus_client adds pid (facts §1.1)
+	pid      bool // no multiprocess_mode: prometheus_client adds pid (SGLang v0.5.18: observability/metrics_collector.py)
 }
 
-// HELP strings are verbatim from facts §1.3-1.5 and the fixtures where
+// HELP strings are verbatim from SGLang v0.5.18:
+// observability/metrics_collector.py and the fixtures where
 // known; the others are written in SGLang's style.
 var gaugeDefs = []gaugeDef{
 	{gRunning, "sglang:num_running_reqs", "The number of running requests.", "The number of running requests", eAll, true, false},
@@ -389,7 +391,8 @@ func (s *Sim) MetricsText() []byte {
 var lastMetricsSize atomic.Int64
 
 // schedLabels are the labels of one scheduler process's series in an era
-// (facts §1.2): none but the model in the oldest eras (where the ranks are
+// (SGLang metrics/collector.py to v0.5.3, observability/metrics_collector.py
+// from v0.5.10): none but the model in the oldest eras (where the ranks are
 // merged), engine_type="unified" from ~v0.4.9, rank labels from v0.5, and
 // the disaggregation mode as engine_type in the newest.
 func schedLabels(era, model, mode string, dp, pp int, multiDP bool) []lbl {

@@ -11,7 +11,7 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// kvPoll mirrors SGLang's KVPoll (facts §3.3, §7.3).
+// kvPoll mirrors SGLang's KVPoll (SGLang v0.5.18: disaggregation/base/conn.py).
 type kvPoll int8
 
 const (
@@ -81,8 +81,10 @@ type request struct {
 	holding int       // stages whose inflight queue still holds it
 }
 
-// healthCheck is how the plugin recognises SGLang's own requests (facts
-// §10.5): the fake bootstrap host, room 0, or the health-check rid prefix.
+// healthCheck is how the plugin recognises SGLang's own requests: the fake
+// bootstrap host, room 0, or the health-check rid prefix (SGLang v0.5.18:
+// FAKE_BOOTSTRAP_HOST in disaggregation/utils.py, HEALTH_CHECK_RID_PREFIX in
+// constants.py).
 func (q *request) healthCheck() bool {
 	host, _, _ := strings.Cut(q.addr, ":")
 	return q.fake || q.room == 0 || host == FakeBootstrapHost || strings.HasPrefix(q.rid, HealthCheckPrefix)
@@ -311,7 +313,9 @@ func (g *group) reset(s *Sim, now, up time.Time, gen int, quiet bool) {
 		g.nextHC = up.Add(s.opts.HealthCheckEvery * time.Duration(g.dp+1))
 	}
 	// The warm-up request at start-up (fake host) forms a prefill batch, so
-	// every gauge is written once (facts §1.6: gauges change only on a log).
+	// every gauge is written once (SGLang v0.5.18:
+	// managers/scheduler_components/metrics_reporter.py: gauges change only on
+	// a log).
 	for _, r := range g.stages {
 		r.logStats(s, up, 0)
 	}
@@ -385,7 +389,7 @@ func decodePortOf(ports []int, room uint64) int {
 }
 
 // transferQueue is the queue index the backend's KV manager gives a room
-// (facts §10.1).
+// (SGLang v0.5.18: disaggregation/nixl/conn.py).
 func transferQueue(key string, room uint64, decodePort int) int {
 	if key == QueueKeyRoom {
 		return int(room % TransferQueues)
@@ -562,7 +566,8 @@ func (g *group) plan(s *Sim, q *request, spec RequestSpec) {
 }
 
 // pass is one iteration of the PD prefill event loop of one stage
-// (event_loop_normal_disagg_prefill, facts §3.1, §8). Stage 0 carries the
+// (event_loop_normal_disagg_prefill, SGLang v0.5.18: disaggregation/prefill.py;
+// SGLang plugins/hook_registry.py, v0.5.11 to v0.5.18). Stage 0 carries the
 // DP rank's requests from arrival into every stage's inflight queue. It
 // reports whether the scheduler process crashed (LeversEarly: the Failed
 // branch raised); the caller then restarts the server.
@@ -684,7 +689,8 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 	newest := s.opts.Era == EraNewest
 	if !newest {
 		// v0.5 and older: log_prefill_stats when the batch is formed, before
-		// its requests enter the inflight queue (facts §1.6).
+		// its requests enter the inflight queue (SGLang v0.5.18:
+		// managers/scheduler_components/metrics_reporter.py).
 		all := g.waitingQ
 		g.waitingQ = all[n:]
 		for _, r := range g.stages {
@@ -717,7 +723,8 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 	g.waitingQ = g.waitingQ[:rest]
 	if newest {
 		// Newest: report_prefill_stats after the batch result put the
-		// requests into the inflight queue (facts §3.1); num_running_reqs
+		// requests into the inflight queue (SGLang v0.5.18:
+		// disaggregation/prefill.py); num_running_reqs
 		// counts the batch (PR #31495).
 		for _, r := range g.stages {
 			r.logStats(s, now, n)
@@ -758,7 +765,7 @@ func (r *rank) logStats(s *Sim, now time.Time, running int) {
 	pool := float64(s.opts.KVPoolTokens)
 	g[gTokenUsage] = math.Round(used/pool*100) / 100
 	g[gMaxTotalTokens] = pool
-	g[gUtilization] = -1 // calculate_utilization() on prefill servers (facts §1.3)
+	g[gUtilization] = -1 // calculate_utilization() on prefill servers (SGLang v0.5.18: observability/metrics_collector.py)
 	g[gStartup] = 41.7
 	g[gLoadWeights] = 12.3
 	g[gContextLen] = 131072
@@ -771,8 +778,8 @@ func (r *rank) logStats(s *Sim, now time.Time, running int) {
 	}
 }
 
-// pollInflight is process_disagg_prefill_inflight_queue (facts §3.2,
-// §10.3): poll every sender of this stage that is not terminal yet, then
+// pollInflight is process_disagg_prefill_inflight_queue (SGLang v0.5.18:
+// disaggregation/prefill.py, managers/scheduler_pp_mixin.py): poll every sender of this stage that is not terminal yet, then
 // release the requests that every stage reports terminal (Success or
 // Failed); the others stay. It reports a crash: in LeversEarly the Failed
 // branch raises.
@@ -805,7 +812,9 @@ func (r *rank) pollInflight(s *Sim, now time.Time) (crashed bool) {
 	return false
 }
 
-// poll is the sender's poll() on this pass (facts §3.5, §10.2).
+// poll is the sender's poll() on this pass (SGLang v0.5.18:
+// disaggregation/nixl/conn.py, mooncake/conn.py, managers/scheduler.py,
+// disaggregation/common/conn.py).
 func (r *rank) poll(s *Sim, sd *sender, now time.Time) kvPoll {
 	q := sd.q
 	if q.fake {
@@ -837,7 +846,7 @@ func (r *rank) poll(s *Sim, sd *sender, now time.Time) kvPoll {
 func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present bool) {
 	q := sd.q
 	if sd.pinned && q.behavior == BehaviorPinAbortBeforeRegister {
-		// The room was never registered (facts §3.4).
+		// The room was never registered (SGLang v0.5.18: disaggregation/common/conn.py).
 		return pollWaitingForInput, false
 	}
 	if sd.statusFailed {
@@ -862,7 +871,8 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		sd.outstanding = 0 // resurrection: the transfer failed, then a late update revived the status
 		if q.behavior == BehaviorPinStuckHandle {
 			// A handle that stays PROC: the worker waits on it with no
-			// deadline, whatever happens to the room (facts §10.1).
+			// deadline, whatever happens to the room (SGLang v0.5.18:
+			// disaggregation/nixl/conn.py).
 			sd.outstanding = 1
 			if r.wedge[q.queue] == nil {
 				r.wedge[q.queue] = sd
@@ -924,7 +934,8 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 	r.inflightTk -= q.prompt
 	if sd.outstanding > 0 && !q.fake {
 		// The Failed branch frees the request, not the transfer: the worker
-		// still holds the chunk (facts §10.1, §10.2).
+		// still holds the chunk (SGLang v0.5.18: disaggregation/nixl/conn.py,
+		// managers/scheduler.py, disaggregation/common/conn.py).
 		o := orphan{room: q.room, queue: q.queue}
 		if !sd.wedging && !sd.frozen {
 			o.until = now.Add(q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery)
@@ -941,7 +952,8 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		inflight := now.Sub(q.entered).Seconds()
 		m.stage(stageTransfer, inflight)
 		if !q.fake {
-			// KV-transfer metrics for non-fake requests (facts §3.2).
+			// KV-transfer metrics for non-fake requests (SGLang v0.5.18:
+			// disaggregation/prefill.py).
 			latencyMS := max(inflight*1000, 0.05)
 			mb := float64(q.prompt) * kvMBPerToken
 			bootMS := q.bootstrapDone.Sub(q.arrived).Seconds() * 1000
@@ -965,7 +977,8 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		forced = forced || x.forced
 	}
 	if r.pp == 0 && allOK {
-		// Tokenizer side: observe_one_finished_request (facts §1.5).
+		// Tokenizer side: observe_one_finished_request (SGLang v0.5.18:
+		// observability/metrics_collector.py).
 		m.requests++
 		m.promptTokens += float64(q.prompt)
 		m.genTokens++
@@ -992,8 +1005,10 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		rc.decode = rc.left // prefill's own health checks never reach decode
 	}
 	// Decode frees the others itself (decode.go): nothing on a prefill
-	// release tells it (neither the flip nor the Failed branch sends
-	// KV_STATUS, facts §10.4).
+	// release tells it (neither the flip nor the Failed branch of SGLang
+	// v0.5.18's disaggregation/prefill.py sends decode anything; the
+	// KV_STATUS message of later upstream code comes only from the
+	// transfer worker).
 }
 
 func (r *rank) pruneOrphans(now time.Time) {
@@ -1140,7 +1155,8 @@ func healthCheckAnswer(rid string, room uint64) (int, pluginapi.ForceFailRespons
 
 // pull pulls the named levers on this stage's sender of q and records the
 // ground truth. abort() is CommonKVSender.abort: record_failure,
-// update_status(room, Failed), conclude_state = Failed (facts §10.2).
+// update_status(room, Failed), conclude_state = Failed (SGLang v0.5.18:
+// managers/scheduler.py, disaggregation/common/conn.py).
 func (r *rank) pull(s *Sim, q *request, levers []string, now time.Time) {
 	sd := q.senders[r.pp]
 	for _, l := range levers {
@@ -1177,7 +1193,8 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	// The newest NIXL and Mooncake managers both shard chunks over worker
 	// queues and count each room's outstanding chunks (CommonKVManager's
 	// _staging_outstanding); mid-2025 NIXL transfers synchronously and has
-	// neither (facts §10.1, §10.2).
+	// neither (SGLang v0.5.18: disaggregation/nixl/conn.py,
+	// managers/scheduler.py, disaggregation/common/conn.py).
 	queues := s.opts.LeverEra != LeversNIXLMid2025
 	srv := pluginapi.Server{PID: r.pid, DPRank: r.dp, PPRank: r.pp, TPRank: 0,
 		DisaggregationMode: "prefill", TransferBackend: s.opts.Backend,

@@ -14,7 +14,8 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// Label eras of SGLang's /metrics (facts §1.2).
+// Label eras of SGLang's /metrics (SGLang metrics/collector.py to v0.5.3,
+// observability/metrics_collector.py from v0.5.10).
 const (
 	EraName       = "name"
 	EraModelName  = "model_name"
@@ -23,7 +24,8 @@ const (
 	EraNewest     = "newest"
 )
 
-// Transfer backends and their levers (facts §3.5).
+// Transfer backends and their levers (SGLang v0.5.18:
+// disaggregation/nixl/conn.py, mooncake/conn.py).
 const (
 	BackendNIXL     = "nixl"
 	BackendMooncake = "mooncake"
@@ -37,7 +39,8 @@ const ScenarioParity = "parity"
 const ParityWarmupRID = "5f1e0c2a9b7d4e3f8a6b1c0d2e4f6a8b"
 
 // Lever eras (Options.LeverEra): which of the plugin's levers make SGLang's
-// poll() read Failed (facts §10.2).
+// poll() read Failed (SGLang v0.5.18: managers/scheduler.py,
+// disaggregation/common/conn.py).
 const (
 	// LeversNewest: the sender's abort() works on every backend (the common
 	// manager's update_status lets Failed overwrite a present room), and NIXL
@@ -53,7 +56,8 @@ const (
 	LeversEarly = "early"
 )
 
-// Transfer queue keys (Options.QueueKey, facts §10.1).
+// Transfer queue keys (Options.QueueKey, SGLang v0.5.18:
+// disaggregation/nixl/conn.py).
 const (
 	// QueueKeyDecodePorts is newest NIXL: the sum of the room's destination
 	// decode ports modulo the queue count.
@@ -72,15 +76,15 @@ const (
 	// DefaultBootstrapAddr is the bootstrap address of normal requests: the
 	// prefill server's own bootstrap server.
 	DefaultBootstrapAddr = "10.0.0.7:8998"
-	// TransferQueues is SGLANG_DISAGGREGATION_QUEUE_SIZE's default (facts
-	// §3.7): transfer worker queues per scheduler process.
+	// TransferQueues is SGLANG_DISAGGREGATION_QUEUE_SIZE's default (SGLang
+	// v0.5.18: environ.py): transfer worker queues per scheduler process.
 	TransferQueues = 4
 	// DefaultModelName is the model name when Options.ModelName is empty.
 	DefaultModelName = "meta-llama/Llama-3.1-8B-Instruct"
 	// DefaultBootTime is how long a restarted server takes to serve again.
 	DefaultBootTime = 30 * time.Second
 	// DefaultDecodeWaitingTimeout is SGLANG_DISAGGREGATION_WAITING_TIMEOUT's
-	// default (facts §3.7).
+	// default (SGLang v0.5.18: environ.py).
 	DefaultDecodeWaitingTimeout = 300 * time.Second
 	// HeartbeatDetection is how long decode takes to fail the rooms of a
 	// dead prefill: SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (5 s) times
@@ -173,10 +177,12 @@ type Options struct {
 	// (rid "HEALTH_CHECK_<unix>", room 0, host 2.2.2.2), round-robin over the
 	// DP ranks; 0 = none.
 	HealthCheckEvery time.Duration
-	IdleRefresh      time.Duration // default 30s (facts §1.6)
+	IdleRefresh      time.Duration // default 30s (SGLang v0.5.18: managers/scheduler_components/metrics_reporter.py)
 	// HookRunsWhenEmpty: newest loops call the inflight pass every iteration;
 	// older ones only while the inflight queue is non-empty, and then the
-	// plugin's loop counter stands still on an empty queue (facts §8, §9).
+	// plugin's loop counter stands still on an empty queue (SGLang v0.5.18:
+	// disaggregation/prefill.py; SGLang plugins/hook_registry.py, v0.5.11 to
+	// v0.5.18).
 	HookRunsWhenEmpty bool
 	// OrderTimeout is how long a force-fail waits for the scheduler, in real
 	// time; default 5s.
@@ -218,13 +224,17 @@ type PinKind int
 
 const (
 	// PinResurrection: Failed then a late Transferring through a max()-based
-	// update_status: Transferring for ever, progress frozen (facts §3.4).
+	// update_status: Transferring for ever, progress frozen (SGLang v0.5.18:
+	// disaggregation/common/conn.py).
 	PinResurrection PinKind = iota
 	// PinAbortBeforeRegister: an ABORT popped transfer_infos before the room
-	// was registered: WaitingForInput for ever, progress 0 (facts §3.4, §3.5).
+	// was registered: WaitingForInput for ever, progress 0 (SGLang v0.5.18:
+	// disaggregation/common/conn.py, disaggregation/nixl/conn.py,
+	// mooncake/conn.py).
 	PinAbortBeforeRegister
 	// PinStuckHandle: a handle stuck in PROC wedges the transfer worker of
-	// the room's queue until the process restarts (facts §10.1).
+	// the room's queue until the process restarts (SGLang v0.5.18:
+	// disaggregation/nixl/conn.py).
 	PinStuckHandle
 )
 
@@ -258,7 +268,7 @@ type RequestSpec struct {
 	PinStages []int
 	// Warmup makes a BehaviorHealthCheck or BehaviorStuckHealthCheck a
 	// warm-up request: same fake host and room 0, a plain random rid with
-	// no HEALTH_CHECK prefix (facts §10.5).
+	// no HEALTH_CHECK prefix (SGLang v0.5.18: disaggregation/utils.py, constants.py).
 	Warmup bool
 }
 
@@ -796,8 +806,9 @@ func (s *Sim) Records() []Record {
 //  3. "HEALTH_CHECK_1764403200.0", room 0, addr "2.2.2.2", 1 prompt
 //     token, fake sender in WaitingForInput for ever (progress -1, no
 //     transfer queue, nothing in flight), entered 200 s ago;
-//  4. ParityWarmupRID, a warm-up request (no HEALTH_CHECK prefix, facts
-//     §10.5): otherwise like the health check, entered 150 s ago.
+//  4. ParityWarmupRID, a warm-up request (the fake bootstrap host and room
+//     0, no HEALTH_CHECK prefix; SGLang v0.5.18: disaggregation/utils.py):
+//     otherwise like the health check, entered 150 s ago.
 //
 // Counters start from 0, and the scene stays without traffic across
 // Restart. It must be called before Start.

@@ -236,31 +236,13 @@ const (
 	outSucceeded = "transfer_succeeded"
 )
 
-// actOne takes one request through the rails.
+// actOne takes one request through the rails, in order: the checks that
+// need no I/O, the decode safety rule, the re-read of every stage, the
+// claim on the request, the call, and the record of its answer.
 func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAuto bool) []Event {
-	mode := w.Mode()
-	if asAuto && mode != ModeOff {
-		mode = ModeAuto
-	}
-	if mode == ModeOff {
-		return w.skip(c, SkipModeOff, trigger, "force-fail mode is off")
-	}
-	if mode == ModeDryRun && w.dryRan(c) {
-		return nil
-	}
-	if c.blocked != "" {
-		return w.skip(c, SkipSourceDown, trigger, "a stage of the request's DP rank is down or its loop is wedged: "+c.blocked)
-	}
-	for _, s := range c.stages {
-		if s.unsupported {
-			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote)
-		}
-	}
-	// A request over its budget costs nothing: no verdict lookup, no
-	// re-read. This matters on decode, where a flood of stranded requests
-	// may all be candidates in one cycle.
-	if !w.callAvailable(c.budget()) {
-		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
+	mode, evs, ok := w.admit(c, trigger, asAuto)
+	if !ok {
+		return evs
 	}
 	// The safety rule comes before the re-reads: a held request costs its
 	// plugins no listing. The re-read below cancels the call if anything
@@ -268,26 +250,79 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	prefillStopped := false
 	if c.key.role == RoleDecode {
 		var cleared bool
-		var held []Event
-		prefillStopped, cleared, held = w.decodeCleared(ctx, c, trigger)
+		prefillStopped, cleared, evs = w.decodeCleared(ctx, c, trigger)
 		if !cleared {
-			return held
+			return evs
 		}
 	}
-	// Re-read every stage: the request must be there, unchanged, right
-	// before the call. Progress that arrived since the decision cancels it.
-	var targets []stageView
-	var reread []entry
+	targets, reread, evs := w.reread(ctx, c, trigger)
+	if targets == nil {
+		return evs
+	}
+	if !w.allowCall(c.budget()) {
+		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
+	}
+	cl, ok := w.claim(c, &reread[0])
+	if !ok {
+		return nil
+	}
+	room := c.key.room
+	order := pluginapi.ForceFailRequest{RID: c.key.rid, BootstrapRoom: &room, Reason: w.forceFailReason(c, &reread[0]),
+		DryRun: mode == ModeDryRun, PrefillStopped: prefillStopped}
+	answers := make([]stageAnswer, len(targets))
+	for i, s := range targets {
+		status, resp, err := s.rank.source.ForceFail(ctx, order)
+		answers[i] = stageAnswer{rank: s.rank, status: status, resp: resp, err: err, outcome: classify(status, resp, err)}
+	}
+	return w.recordCall(c, cl, order, mode, trigger, answers, noChunkInFlight(targets, reread))
+}
+
+// admit runs the rails that need no I/O: the mode, one dry run per
+// request, a blocked or lever-less stage, the budget. It returns the mode
+// to act in, or ok false and the events of a skip.
+func (w *Watchdog) admit(c candidate, trigger string, asAuto bool) (Mode, []Event, bool) {
+	mode := w.Mode()
+	if asAuto && mode != ModeOff {
+		mode = ModeAuto
+	}
+	if mode == ModeOff {
+		return mode, w.skip(c, SkipModeOff, trigger, "force-fail mode is off"), false
+	}
+	if mode == ModeDryRun && w.dryRan(c) {
+		return mode, nil, false
+	}
+	if c.blocked != "" {
+		return mode, w.skip(c, SkipSourceDown, trigger, "a stage of the request's DP rank is down or its loop is wedged: "+c.blocked), false
+	}
+	for _, s := range c.stages {
+		if s.unsupported {
+			return mode, w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote), false
+		}
+	}
+	// A request over its budget costs nothing: no verdict lookup, no
+	// re-read. This matters on decode, where a flood of stranded requests
+	// may all be candidates in one cycle.
+	if !w.callAvailable(c.budget()) {
+		return mode, w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget())), false
+	}
+	return mode, nil, true
+}
+
+// reread reads every stage again: the request must be there, unchanged,
+// right before the call, and progress that arrived since the decision
+// cancels it. It returns the stages that still hold the request with
+// their entries, or nil targets and the events of a skip.
+func (w *Watchdog) reread(ctx context.Context, c candidate, trigger string) (targets []stageView, reread []entry, skipped []Event) {
 	for _, s := range c.stages {
 		l, err := s.rank.source.Inflight(ctx)
 		if err != nil {
-			return w.skip(c, SkipSourceDown, trigger, "re-reading the listing of "+s.rank.status.target+" failed: "+err.Error())
+			return nil, nil, w.skip(c, SkipSourceDown, trigger, "re-reading the listing of "+s.rank.status.target+" failed: "+err.Error())
 		}
 		if l.Server.Levers != nil && len(l.Server.Levers) == 0 {
-			return w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+l.Server.LeverNote)
+			return nil, nil, w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+l.Server.LeverNote)
 		}
 		if roleOf(l) != c.key.role {
-			return w.skip(c, SkipSourceDown, trigger, s.rank.status.target+" changed its disaggregation mode since the decision")
+			return nil, nil, w.skip(c, SkipSourceDown, trigger, s.rank.status.target+" changed its disaggregation mode since the decision")
 		}
 		now := findEntry(l, c.key.roomKey)
 		if now == nil {
@@ -296,55 +331,69 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		movedInFlight := c.failFast && (now.inFlight == nil || *now.inFlight)
 		if now.poll != s.poll || now.progress != s.progress || movedInFlight || now.health || l.Loop.Iterations < s.iterations ||
 			l.Server.PID != s.pid || (now.inFlight != nil && *now.inFlight != s.inFlight) || now.dqueue != s.dqueue || now.started != s.started {
-			return w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.poll, s.progress, now.progress))
+			return nil, nil, w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.poll, s.progress, now.progress))
 		}
 		targets = append(targets, s)
 		reread = append(reread, *now)
 	}
 	if len(targets) == 0 {
-		return w.skip(c, SkipGone, trigger, "the request left the listing before the call")
+		return nil, nil, w.skip(c, SkipGone, trigger, "the request left the listing before the call")
 	}
-	if !w.allowCall(c.budget()) {
-		return w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget()))
-	}
+	return targets, reread, nil
+}
 
+// callClaim is a request this actuator is calling for, with the baseline of
+// the counter that confirms its release.
+type callClaim struct {
+	st       *reqState
+	family   string
+	baseline float64
+	age      float64
+}
+
+// claim marks the request as being acted on, unless it is done or another
+// call is under way. The baseline for confirming the release is taken
+// before the call: a /metrics read landing between the release and the
+// answer would otherwise already count it, and the counter would never
+// rise past it.
+func (w *Watchdog) claim(c candidate, e *entry) (callClaim, bool) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	st := w.request(c.key)
 	if st.done || st.acting {
-		w.mu.Unlock()
-		return nil
+		return callClaim{}, false
 	}
 	st.acting = true
-	// The baseline for confirming the release is taken before the call: a
-	// /metrics read landing between the release and the answer would
-	// otherwise already count it, and the counter would never rise past it.
-	family := failureFamily(&reread[0])
-	baseline := 0.0
+	cl := callClaim{st: st, family: failureFamily(e), age: e.age}
 	if w.metrics != nil {
-		baseline, _ = w.metrics.counter(family)
+		cl.baseline, _ = w.metrics.counter(cl.family)
 	}
-	w.mu.Unlock()
+	return cl, true
+}
 
-	age := reread[0].age
-	reason := fmt.Sprintf("sglang-watchdog: stuck %.0fs in %s with no progress for %s", age, c.poll, w.cfg.StallWindow)
+// forceFailReason is the reason the plugin records with the failure.
+func (w *Watchdog) forceFailReason(c candidate, e *entry) string {
 	switch {
 	case c.failFast:
-		reason = fmt.Sprintf("sglang-watchdog: queued %.0fs behind wedged transfer queue %d; only a restart clears it", age, c.queue)
+		return fmt.Sprintf("sglang-watchdog: queued %.0fs behind wedged transfer queue %d; only a restart clears it", e.age, c.queue)
 	case c.key.role == RoleDecode:
-		reason = fmt.Sprintf("sglang-watchdog: decode request stuck %.0fs in the %s queue in %s with no progress for %s", age, reread[0].dqueue, c.poll, w.cfg.StallWindow)
+		return fmt.Sprintf("sglang-watchdog: decode request stuck %.0fs in the %s queue in %s with no progress for %s", e.age, e.dqueue, c.poll, w.cfg.StallWindow)
 	}
-	room := c.key.room
-	order := pluginapi.ForceFailRequest{RID: c.key.rid, BootstrapRoom: &room, Reason: reason, DryRun: mode == ModeDryRun, PrefillStopped: prefillStopped}
-	answers := make([]stageAnswer, len(targets))
-	for i, s := range targets {
-		status, resp, err := s.rank.source.ForceFail(ctx, order)
-		answers[i] = stageAnswer{rank: s.rank, status: status, resp: resp, err: err, outcome: classify(status, resp, err)}
-	}
+	return fmt.Sprintf("sglang-watchdog: stuck %.0fs in %s with no progress for %s", e.age, c.poll, w.cfg.StallWindow)
+}
+
+// recordCall settles the request's state from the stages' answers: a set
+// lever awaits confirmation (and enters the verdict ledger on prefill), an
+// error is retried with backoff up to MaxAttempts, a dry run is not
+// repeated. It logs the call and returns its event. stopped: no chunk of
+// the room was in flight, on any stage, at the decision nor at the re-read.
+func (w *Watchdog) recordCall(c candidate, cl callClaim, order pluginapi.ForceFailRequest, mode Mode, trigger string, answers []stageAnswer, stopped bool) []Event {
 	result := combine(answers)
 	at := w.clock.Now()
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	st := cl.st
 	st.acting = false
 	st.lastSkip = ""
 	logger := level.Info(w.logger)
@@ -352,25 +401,15 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		logger = level.Error(w.logger)
 	}
 	fields := []interface{}{"msg", "force-fail call", "role", c.key.role, "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
-		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", age), "poll", c.poll,
-		"progress", c.progress, "mode", mode, "trigger", trigger, "reason", reason}
+		"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", cl.age), "poll", c.poll,
+		"progress", c.progress, "mode", mode, "trigger", trigger, "reason", order.Reason}
 	if c.key.role == RoleDecode {
-		fields = append(fields, "prefill_stopped", prefillStopped)
+		fields = append(fields, "prefill_stopped", order.PrefillStopped)
 	}
 	ev := Event{Kind: EventForceFail, Role: c.key.role, Target: c.rank.status.target, DPRank: c.rank.dpLabel, PPRank: c.rank.ppLabel,
-		RID: c.key.rid, Room: c.key.room, Age: age, Poll: c.poll, Progress: c.progress, Trigger: trigger}
+		RID: c.key.rid, Room: c.key.room, Age: cl.age, Poll: c.poll, Progress: c.progress, Trigger: trigger}
 	if len(answers) == 1 {
-		a := answers[0]
-		fields = append(fields, "http_status", a.status)
-		if a.resp != nil {
-			fields = append(fields, "plugin_result", a.resp.Result, "lever", a.resp.Lever, "levers", strings.Join(a.resp.Levers, ","))
-			if a.resp.Error != "" {
-				fields = append(fields, "plugin_error", a.resp.Error)
-			}
-		}
-		if a.err != nil {
-			fields = append(fields, "err", a.err)
-		}
+		fields = append(fields, answerFields(answers[0])...)
 	} else {
 		ev.Stages = stageDetail(answers)
 		fields = append(fields, "stages", ev.Stages)
@@ -382,9 +421,9 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 		for _, a := range answers {
 			called = append(called, a.rank)
 		}
-		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, stages: called, trigger: trigger, at: at, family: family, baseline: baseline, age: age, poll: c.poll})
+		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, stages: called, trigger: trigger, at: at, family: cl.family, baseline: cl.baseline, age: cl.age, poll: c.poll})
 		if c.key.role == RolePrefill {
-			w.ledger.add(c.key.room, at, noChunkInFlight(targets, reread))
+			w.ledger.add(c.key.room, at, stopped)
 		}
 		// The plugin's word for a set lever (flipped or already_failed).
 		ev.Result = pluginapi.ResultFlipped
@@ -410,6 +449,21 @@ func (w *Watchdog) actOne(ctx context.Context, c candidate, trigger string, asAu
 	ev.Result = result
 	logger.Log(append(fields, "result", result)...)
 	return []Event{ev}
+}
+
+// answerFields are the log fields of a single stage's answer.
+func answerFields(a stageAnswer) []interface{} {
+	fields := []interface{}{"http_status", a.status}
+	if a.resp != nil {
+		fields = append(fields, "plugin_result", a.resp.Result, "lever", a.resp.Lever, "levers", strings.Join(a.resp.Levers, ","))
+		if a.resp.Error != "" {
+			fields = append(fields, "plugin_error", a.resp.Error)
+		}
+	}
+	if a.err != nil {
+		fields = append(fields, "err", a.err)
+	}
+	return fields
 }
 
 // failureFamily is the SGLang counter that a release of the request

@@ -58,9 +58,11 @@ const (
 // unknownQueue keys a wedge whose transfer queue is not known.
 const unknownQueue = -1
 
-// transferWedges diagnoses the wedged transfer queues of a rank (sglang-facts
-// §10.1: a NIXL worker waits with no deadline on a handle that never
-// completes, and every later room on its queue waits behind it):
+// transferWedges diagnoses the wedged transfer queues of a rank (in SGLang
+// v0.5.18, NixlKVManager.transfer_worker in
+// python/sglang/srt/disaggregation/nixl/conn.py handles one chunk at a time
+// and polls its handles with no deadline, so a handle that never completes
+// holds every later room on its queue):
 //   - a room with a transfer in flight that is stuck (old, no change for the
 //     stall window while the loop ran) wedges its queue;
 //   - an orphaned transfer on queue Q, listed for the stall window, wedges

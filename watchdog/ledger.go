@@ -144,16 +144,16 @@ func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerd
 			continue
 		}
 		if !rk.status.up {
-			down = rk.status.target
+			down = rk.name()
 		}
 		for key := range rk.rooms {
 			if key.room == room {
-				v.Verdict, v.Reason = pluginapi.VerdictInQueue, "listed in the inflight queue of "+rk.status.target
+				v.Verdict, v.Reason = pluginapi.VerdictInQueue, "listed in the inflight queue of "+rk.name()
 				return v
 			}
 		}
 		if _, ok := rk.orphans[room]; ok {
-			v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer by "+rk.status.target
+			v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer by "+rk.name()
 			return v
 		}
 	}

@@ -3,6 +3,7 @@ package watchdog
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -134,6 +135,40 @@ func TestLedgerVerdicts(t *testing.T) {
 				t.Fatalf("room %d: verdict %+v, want unknown", room, v)
 			}
 		}
+	})
+}
+
+// The verdict API answers any decode-side caller: its reasons name the
+// rank, never the plugin's URL (an internal address).
+func TestVerdictReasonsNameNoAddress(t *testing.T) {
+	check := func(t *testing.T, v pluginapi.RoomVerdict, verdict string) {
+		t.Helper()
+		if v.Verdict != verdict || !strings.Contains(v.Reason, "prefill rank dp0/pp0") || strings.Contains(v.Reason, "127.0.0.1") || strings.Contains(v.Reason, "http") {
+			t.Errorf("verdict %+v, want %s with a reason naming the rank and no address", v, verdict)
+		}
+	}
+	t.Run("in_queue", func(t *testing.T) {
+		h, _, _ := combined(t, r2room("a", 11, 0, 0, false))
+		h.tick(1)
+		check(t, h.wd.PrefillVerdict(11), pluginapi.VerdictInQueue)
+	})
+	t.Run("orphaned", func(t *testing.T) {
+		h, p, _ := combined(t, r2room("a", 11, 0, 0, false))
+		p.mu.Lock()
+		p.rooms = nil
+		p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 11, TransferQueue: intp(0), OutstandingChunks: 1}}
+		p.mu.Unlock()
+		h.tick(1)
+		check(t, h.wd.PrefillVerdict(11), pluginapi.VerdictLive)
+	})
+	t.Run("listing failed", func(t *testing.T) {
+		h, p, _ := combined(t, r2room("a", 11, 0, 0, false))
+		h.tick(79)
+		p.mu.Lock()
+		p.listErr = errors.New("connection refused")
+		p.mu.Unlock()
+		h.tick(1)
+		check(t, h.wd.PrefillVerdict(11), pluginapi.VerdictUnknown)
 	})
 }
 

@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -12,10 +13,13 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// Restart escalation (sglang-facts §10.1): a transfer worker wedged on a
-// handle that never completes has no in-process fix, and SGLang's own answer
-// to a transfer it cannot recover is to end the server so that the
-// orchestrator restarts it. The watchdog asks the plugin to do the same,
+// Restart escalation: a transfer worker wedged on a handle that never
+// completes has no in-process fix (SGLang v0.5.18,
+// python/sglang/srt/disaggregation/nixl/conn.py: NixlKVManager.transfer_worker
+// polls its handles with no deadline), and SGLang's own answer to a
+// scheduler it cannot recover is to end the server so that the orchestrator
+// restarts it (run_scheduler_process in managers/scheduler.py sends SIGQUIT
+// to the server's parent process). The watchdog asks the plugin to do the same,
 // only for a diagnosed (never a suspected) wedge that a re-read still
 // shows, at most once per RestartMinInterval for the pod and never twice
 // for the same process.
@@ -94,10 +98,17 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		resp   *pluginapi.RestartResponse
 	)
 	r, ok := rk.source.(Restarter)
-	if ok {
+	// The restart is recorded before it is asked for: a watchdog that
+	// crashes right after must still wait out the interval. A restart that
+	// cannot be recorded is not asked for.
+	var saveErr error
+	if ok && !dry && w.cfg.RestartStateFile != "" {
+		saveErr = saveRestartState(w.cfg.RestartStateFile, stateOf(w.clock.Now(), e.proc.pid))
+	}
+	if ok && saveErr == nil {
 		status, resp, err = r.Restart(ctx, pluginapi.RestartRequest{PID: e.proc.pid, Reason: reason, DryRun: dry})
 	}
-	result := classifyRestart(ok, status, resp, err)
+	result := classifyRestart(ok, status, resp, errors.Join(saveErr, err))
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -114,7 +125,7 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 	if resp != nil && resp.Error != "" {
 		fields = append(fields, "plugin_error", resp.Error)
 	}
-	if err != nil {
+	if err := errors.Join(saveErr, err); err != nil {
 		fields = append(fields, "err", err)
 	}
 	if result == RestartWouldRestart {

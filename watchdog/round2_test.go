@@ -90,7 +90,8 @@ func r2room(rid string, roomID uint64, age float64, queue int, inFlight bool) pl
 
 // ppStages builds the PP stages of one DP rank. A force-fail flips the
 // request on its stage only; the request leaves every stage's listing once
-// every stage holding it has flipped (sglang-facts §10.3).
+// every stage holding it has flipped (sglang-SGLang v0.5.18:
+// managers/scheduler_pp_mixin.py).
 func ppStages(dp, pp int) []*fakePlugin {
 	var stages []*fakePlugin
 	flipped := map[string]map[int]bool{}

@@ -1,6 +1,7 @@
 package watchdog
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
@@ -155,6 +156,13 @@ type rankState struct {
 	oldest       float64
 	dpLabel      int
 	ppLabel      int
+}
+
+// name is how a verdict names a prefill rank: by its DP and PP ranks,
+// never by its plugin URL, since the verdict API answers any decode-side
+// caller and the URL is an internal address.
+func (rk *rankState) name() string {
+	return fmt.Sprintf("prefill rank dp%d/pp%d", rk.dpLabel, rk.ppLabel)
 }
 
 // gaugeState tracks one SGLang queue gauge between /metrics reads.

@@ -58,6 +58,11 @@ type Config struct {
 	// the same process.
 	RestartMode        Mode
 	RestartMinInterval time.Duration
+	// RestartStateFile, if set, keeps the time of the last restart request
+	// across restarts of the watchdog itself (restartstate.go). In auto
+	// mode it is written at start, so that a path that cannot be written
+	// fails then rather than at the first restart.
+	RestartStateFile string
 
 	// Verdicts answers, for a decode request whose transfer started,
 	// whether its prefill peer stopped sending. Nil: only this watchdog's
@@ -213,6 +218,16 @@ func New(cfg Config) (*Watchdog, error) {
 	}
 	if cfg.Metrics != nil {
 		w.metrics = &metricsState{status: sourceState{target: cfg.Metrics.Target()}, gauges: map[GaugeKey]*gaugeState{}}
+	}
+	if cfg.RestartStateFile != "" {
+		if err := w.loadRestartState(cfg.RestartStateFile); err != nil {
+			return nil, err
+		}
+		if cfg.RestartMode == ModeAuto {
+			if err := saveRestartState(cfg.RestartStateFile, stateOf(w.lastRestart, 0)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return w, nil
 }

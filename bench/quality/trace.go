@@ -1,0 +1,85 @@
+package main
+
+import (
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+)
+
+// The trace: arrivals drawn from the seed, and the pin mechanisms mixed
+// into it.
+
+type arrival struct {
+	at       time.Duration // from the start of the trace
+	rank     int
+	behavior sglangsim.Behavior
+}
+
+type trace struct {
+	o        options
+	arrivals []arrival // sorted by at
+	pins     int
+}
+
+func makeTrace(o options) *trace {
+	rng := rand.New(rand.NewPCG(uint64(o.seed), 0x5eed))
+	t := &trace{o: o}
+	// Traffic stops 6 minutes before the end so that every healthy request
+	// (at most 100 medians) and every pin (deadline + windows) can finish.
+	traffic := o.duration - 6*time.Minute
+	uniform := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Float64()*float64(hi-lo)) }
+	for i := 0; i < o.healthy; i++ {
+		t.arrivals = append(t.arrivals, arrival{at: uniform(0, traffic), rank: rng.IntN(o.ranks), behavior: sglangsim.BehaviorHealthy})
+	}
+	slow := int(math.Round(float64(o.healthy) * o.slowPct / 100))
+	for i := 0; i < slow; i++ {
+		t.arrivals = append(t.arrivals, arrival{at: uniform(0, traffic), rank: rng.IntN(o.ranks), behavior: sglangsim.BehaviorSlow})
+	}
+	for r := 0; r < o.ranks; r++ {
+		t.arrivals = append(t.arrivals, arrival{at: time.Minute + time.Duration(r)*7*time.Second, rank: r, behavior: sglangsim.BehaviorStuckHealthCheck})
+	}
+	// Pins: evenly spaced slots over [2 min, end - 8 min], one pin at a
+	// random point of each slot, mechanisms in a shuffled even mix.
+	t.pins = int(math.Round(float64(o.healthy) * o.pinPct / 100))
+	mechs := pinMechanisms(o.mechanisms)
+	kinds := make([]sglangsim.Behavior, t.pins)
+	for i := range kinds {
+		kinds[i] = mechs[i%len(mechs)]
+	}
+	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
+	if t.pins > 0 {
+		from, to := 2*time.Minute, o.duration-8*time.Minute
+		slot := (to - from) / time.Duration(t.pins)
+		for i := 0; i < t.pins; i++ {
+			at := from + time.Duration(i)*slot + uniform(0, slot)
+			t.arrivals = append(t.arrivals, arrival{at: at, rank: rng.IntN(o.ranks), behavior: kinds[i]})
+		}
+	}
+	sort.SliceStable(t.arrivals, func(i, j int) bool { return t.arrivals[i].at < t.arrivals[j].at })
+	return t
+}
+
+// pinMechanisms parses -mechanisms; main checks it first.
+func pinMechanisms(list string) []sglangsim.Behavior {
+	var out []sglangsim.Behavior
+	for _, m := range strings.Split(list, ",") {
+		if b, ok := mechanismNames[strings.TrimSpace(m)]; ok {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+var mechanismNames = map[string]sglangsim.Behavior{
+	"resurrection":          sglangsim.BehaviorPinResurrection,
+	"abort-before-register": sglangsim.BehaviorPinAbortBeforeRegister,
+	"stuck-handle":          sglangsim.BehaviorPinStuckHandle,
+}
+
+func isPinBehavior(b sglangsim.Behavior) bool {
+	return b == sglangsim.BehaviorPinResurrection || b == sglangsim.BehaviorPinAbortBeforeRegister || b == sglangsim.BehaviorPinStuckHandle
+}

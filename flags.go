@@ -1,0 +1,176 @@
+package main
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/version"
+	"github.com/prometheus/exporter-toolkit/web"
+	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
+
+	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
+	"github.com/sglang-watchdog/sglang-watchdog/logging"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
+)
+
+// metricsOff turns the gauge watch off: --sglang.metrics-url=off. An empty
+// value does too on the command line, but an empty environment variable
+// counts as unset.
+const metricsOff = "off"
+
+// optDuration is a duration flag that remembers whether it was given (on
+// the command line or in the environment), so that its default can follow
+// another flag and an explicit value can be checked against it.
+type optDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (o *optDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	o.d, o.set = d, true
+	return nil
+}
+
+func (o *optDuration) String() string {
+	if !o.set {
+		return ""
+	}
+	return o.d.String()
+}
+
+// value is the given duration, nil when none was given.
+func (o *optDuration) value() *time.Duration {
+	if !o.set {
+		return nil
+	}
+	return &o.d
+}
+
+type options struct {
+	log logging.Config
+
+	web           *web.FlagConfig
+	telemetryPath string
+	maxRequests   int
+	probeAddress  string
+
+	metricsURL      string
+	metricsInterval time.Duration
+	metricsTimeout  optDuration
+
+	pluginURLs    []string
+	tokenFile     string
+	pluginTimeout optDuration
+	pluginTLSFile string
+	allowRemote   bool
+
+	watch            runconfig.Watch
+	decode           runconfig.Decode
+	webhook          bool
+	webhookTokenFile string
+	webhookMatch     []string
+
+	// inflight
+	output string
+
+	// force-fail
+	rid        string
+	room       string
+	ffURLs     []string
+	reason     string
+	dryRun     bool
+	ffTimeout  time.Duration
+	ffToken    string
+	ffRemote   bool
+	ffInflight time.Duration
+	// decode only
+	prefillStopped bool
+
+	demo demoOptions
+}
+
+// metricsSource is SGLang's /metrics URL, or "" when the watch is off.
+func (o *options) metricsSource() string {
+	if o.metricsURL == metricsOff {
+		return ""
+	}
+	return o.metricsURL
+}
+
+// newApp declares every flag. Tests parse manifests' arguments with it.
+func newApp(o *options) *kingpin.Application {
+	app := kingpin.New(appName, "Prometheus exporter and stuck-request watchdog for SGLang prefill/decode disaggregation.").DefaultEnvars()
+	app.Version(version.Print(appName))
+	app.HelpFlag.Short('h')
+	app.Flag("log.level", "Only log messages with the given severity or above: debug, info, warn, error.").Default("info").EnumVar(&o.log.Level, logging.Levels...)
+	app.Flag("log.format", "Output format of log messages: logfmt or json.").Default("logfmt").EnumVar(&o.log.Format, logging.Formats...)
+
+	runCmd := app.Command("run", "Export metrics and watch for stuck requests (the default).").Default()
+	o.web = kingpinflag.AddFlags(runCmd, defaultPort)
+	runCmd.Flag("web.telemetry-path", "Path under which to expose metrics.").Default("/metrics").StringVar(&o.telemetryPath)
+	runCmd.Flag("web.max-requests", "Maximum number of parallel scrape requests; beyond it a scrape gets 503. 0 disables the limit.").Default("40").IntVar(&o.maxRequests)
+	runCmd.Flag("web.probe-listen-address", "Address of a plain-HTTP listener serving only /-/healthy and /-/ready, without the TLS and authentication of --web.config.file, for kubelet probes. Empty: none.").StringVar(&o.probeAddress)
+	runCmd.Flag("sglang.metrics-url", "SGLang's /metrics URL; \""+metricsOff+"\" turns the gauge watch off.").Default("http://127.0.0.1:30000/metrics").StringVar(&o.metricsURL)
+	runCmd.Flag("sglang.metrics-interval", "How often SGLang's /metrics is read. Each read costs SGLang tens of milliseconds of CPU on its API process.").Default("15s").DurationVar(&o.metricsInterval)
+	runCmd.Flag("sglang.timeout", "Timeout of one /metrics read; shorter than --sglang.metrics-interval. Default: a third of the interval.").SetValue(&o.metricsTimeout)
+	runCmd.Flag("plugin.url", "Base URL of the plugin of one prefill or decode rank, e.g. http://127.0.0.1:30100 (repeatable); the role is read from the listing.").StringsVar(&o.pluginURLs)
+	runCmd.Flag("plugin.token-file", "File holding the plugin's bearer token, sent on admin calls only; re-read on every call.").StringVar(&o.tokenFile)
+	runCmd.Flag("plugin.timeout", "Timeout of one listing read; shorter than --watchdog.interval. Default: 80% of the interval.").SetValue(&o.pluginTimeout)
+	runCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for https plugin URLs (the tls_config block of Prometheus: ca_file, cert_file, key_file, server_name, insecure_skip_verify, min_version).").StringVar(&o.pluginTLSFile)
+	runCmd.Flag("plugin.allow-remote", "Allow plugin and SGLang URLs that are not loopback addresses.").BoolVar(&o.allowRemote)
+	addWatchFlags(runCmd, &o.watch, "dry-run")
+	runCmd.Flag("force-fail.fail-fast", "Fail the requests queued behind a diagnosed transfer wedge at once, on every PP stage, instead of at the deadline (auto mode; dry runs in dry-run mode).").Default("true").BoolVar(&o.watch.FailFast)
+	runCmd.Flag("force-fail.fail-fast-max-per-minute", "Most fail-fast requests over any 60 seconds, apart from --force-fail.max-per-minute.").Default("180").IntVar(&o.watch.FailFastPerMinute)
+	runCmd.Flag("decode.max-per-minute", "Most decode requests released over any 60 seconds, apart from both --force-fail budgets; a decode rank may get several in one cycle. Default: prefill's fail-fast budget, since each room failed fast strands one decode request (README, Rate limits).").Default(strconv.Itoa(watchdog.DefaultDecodePerMinute)).IntVar(&o.decode.MaxPerMinute)
+	runCmd.Flag("decode.prefill-watchdog-url", "URL of the prefill peer's watchdog with {host} for the host of a decode request's bootstrap_addr, e.g. http://{host}:9433. A stuck decode request whose transfer started is released early only when that watchdog answers \"stopped\" for its room (or SGLang marked it Failed). Empty: such requests are held for SGLang's own timeout, unless this watchdog watches the prefill ranks too.").StringVar(&o.decode.PrefillURL)
+	runCmd.Flag("decode.prefill-networks", "CIDR a bootstrap_addr host must be in to be asked for a verdict (repeatable); the host comes from listing data, so nothing else is ever asked.").Default("127.0.0.0/8", "::1/128").StringsVar(&o.decode.PrefillNetworks)
+	runCmd.Flag("decode.prefill-watchdog-http-config-file", "YAML file with the HTTP client settings (tls_config, basic_auth, authorization) for --decode.prefill-watchdog-url, matching the prefill watchdog's --web.config.file.").StringVar(&o.decode.PrefillHTTPConfig)
+	runCmd.Flag("decode.prefill-watchdog-timeout", "Timeout of one verdict lookup; it runs inside the watch cycle, for a held request at most every 5s.").Default("500ms").DurationVar(&o.decode.PrefillTimeout)
+	runCmd.Flag("restart.mode", "Escalate a diagnosed transfer wedge to a restart of the SGLang server through the plugin: off, dry-run or auto.").Default("off").EnumVar(&o.watch.RestartMode, "off", "dry-run", "auto")
+	runCmd.Flag("restart.min-interval", "Least time between two restarts of this pod; a process is never restarted twice.").Default("30m").DurationVar(&o.watch.RestartMinInterval)
+	runCmd.Flag("restart.state-file", "File that keeps the time of the last restart across restarts of the watchdog itself, on a volume that outlives its container (an emptyDir); without it a crash-looping watchdog forgets --restart.min-interval. Written before each restart request, and at start in auto mode.").StringVar(&o.watch.RestartStateFile)
+	runCmd.Flag("alertmanager.webhook", "Serve POST "+alertwebhook.Path+": a firing "+alertwebhook.AlertName+" alert about this watchdog force-fails the stuck requests of its rank, through the same rails as auto mode. Needs --alertmanager.webhook.token-file and --alertmanager.webhook.match-label.").BoolVar(&o.webhook)
+	runCmd.Flag("alertmanager.webhook.token-file", "File holding the bearer token Alertmanager must send to the webhook; re-read on every delivery.").StringVar(&o.webhookTokenFile)
+	runCmd.Flag("alertmanager.webhook.match-label", "NAME=VALUE that an alert must carry to be acted on, naming this watchdog, e.g. pod=$(POD_NAME) (repeatable; all must match).").StringsVar(&o.webhookMatch)
+
+	inflightCmd := app.Command("inflight", "List every rank's inflight requests (prefill) and prealloc and transfer queues (decode), oldest first.")
+	inflightCmd.Flag("plugin.url", "Base URL of the plugin of one prefill or decode rank (repeatable).").Required().StringsVar(&o.pluginURLs)
+	inflightCmd.Flag("plugin.timeout", "Timeout of one listing read.").Default("5s").DurationVar(&o.ffInflight)
+	inflightCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for https plugin URLs.").StringVar(&o.pluginTLSFile)
+	inflightCmd.Flag("plugin.allow-remote", "Allow plugin URLs that are not loopback addresses.").BoolVar(&o.allowRemote)
+	inflightCmd.Flag("output", "Output format: table or json.").Default("table").EnumVar(&o.output, "table", "json")
+
+	ffCmd := app.Command("force-fail", "Force-fail one inflight request through the plugin's admin call.")
+	ffCmd.Flag("rid", "Request id to force-fail.").NoEnvar().Required().StringVar(&o.rid)
+	ffCmd.Flag("room", "Bootstrap room the request must have; strongly advised, as rooms are reused.").NoEnvar().StringVar(&o.room)
+	ffCmd.Flag("plugin.url", "Base URL of the plugin of the request's rank; repeat it for every PP stage of the DP rank, since SGLang releases a request only when every stage reports it terminal.").Default("http://127.0.0.1:30100").StringsVar(&o.ffURLs)
+	ffCmd.Flag("plugin.token-file", "File holding the plugin's bearer token.").StringVar(&o.ffToken)
+	ffCmd.Flag("reason", "Why, recorded by the plugin with the failure.").NoEnvar().Default("manual force-fail with sglang-watchdog").StringVar(&o.reason)
+	ffCmd.Flag("prefill-stopped", "Decode only: assert that the prefill peer has stopped sending KV for this request's room (sends prefill_stopped: true). A decode plugin refuses a request whose transfer started without it (409 transfer_live). Asserting it wrongly lets a late write from prefill corrupt the KV of another request that reuses the freed pages: a silently wrong answer. Check the prefill watchdog's verdict for the room (GET /api/v1/rooms/<room> answers \"stopped\") first.").NoEnvar().BoolVar(&o.prefillStopped)
+	ffCmd.Flag("dry-run", "Ask the plugin whether it would flip the lever, and change nothing.").NoEnvar().BoolVar(&o.dryRun)
+	ffCmd.Flag("force-fail.timeout", "Timeout of the admin call; longer than the plugin's 5s wait.").Default("7s").DurationVar(&o.ffTimeout)
+	ffCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for an https plugin URL.").StringVar(&o.pluginTLSFile)
+	ffCmd.Flag("plugin.allow-remote", "Allow a plugin URL that is not a loopback address.").BoolVar(&o.ffRemote)
+
+	addDemoFlags(app, &o.demo)
+	return app
+}
+
+func addWatchFlags(cmd *kingpin.CmdClause, w *runconfig.Watch, defaultMode string) {
+	cmd.Flag("watchdog.interval", "How often plugin listings are read and decisions made.").Default("1s").DurationVar(&w.Interval)
+	cmd.Flag("watchdog.deadline", "A request younger than this in the inflight queue is never stuck.").Default("60s").DurationVar(&w.Deadline)
+	cmd.Flag("watchdog.decode-deadline", "A decode request younger than this (time in the decode prealloc and transfer queues) is never stuck; below SGLang's own 300s waiting timeout, above the prefill deadline plus stall window (docs/decode.md).").Default("180s").DurationVar(&w.DecodeDeadline)
+	cmd.Flag("watchdog.stall-window", "A request is stuck only if neither its progress nor its poll state changed for this long while the scheduler loop kept running; also the wedged-loop window.").Default("30s").DurationVar(&w.StallWindow)
+	cmd.Flag("watchdog.pin-window", "A queue gauge non-zero and unchanged this long, with no progress counter moving, is pinned.").Default("2m").DurationVar(&w.PinWindow)
+	cmd.Flag("watchdog.max-rooms", "Most inflight requests remembered at once.").Default("100000").IntVar(&w.MaxRooms)
+	cmd.Flag("force-fail.mode", "off (detect only), dry-run (send dry_run: true), auto (force-fail).").Default(defaultMode).EnumVar(&w.Mode, "off", "dry-run", "auto")
+	cmd.Flag("force-fail.max-per-minute", "Most force-fail calls over any 60 seconds.").Default("6").IntVar(&w.MaxPerMinute)
+	cmd.Flag("force-fail.confirm-timeout", "How long a release may take to be confirmed before it counts as unconfirmed.").Default("60s").DurationVar(&w.ConfirmTimeout)
+	cmd.Flag("force-fail.timeout", "Timeout of one admin call; longer than the 5s the plugin waits for its scheduler.").Default("7s").DurationVar(&w.AdminTimeout)
+}
