@@ -9,24 +9,41 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// The Go API modules of LeaderWorkerSet and RoleBasedGroup are not
-// available here, so these mirror the fields the examples use (names and
-// shapes from leaderworkerset.x-k8s.io/v1 and workloads.x-k8s.io/v1alpha1);
-// the pod templates they embed are the real core/v1 types, so strict
-// decoding checks every pod field.
+// The Go API modules of LeaderWorkerSet, DisaggregatedSet and
+// RoleBasedGroup are not available here, so these mirror the fields the
+// examples use (names and shapes from leaderworkerset.x-k8s.io/v1,
+// disaggregatedset.x-k8s.io/v1 and workloads.x-k8s.io/v1alpha1); the pod
+// templates they embed are the real core/v1 types, so strict decoding
+// checks every pod field.
+
+type leaderWorkerSetSpec struct {
+	Replicas             *int32 `json:"replicas,omitempty"`
+	StartupPolicy        string `json:"startupPolicy,omitempty"`
+	LeaderWorkerTemplate struct {
+		Size           *int32                  `json:"size,omitempty"`
+		RestartPolicy  string                  `json:"restartPolicy,omitempty"`
+		LeaderTemplate *corev1.PodTemplateSpec `json:"leaderTemplate,omitempty"`
+		WorkerTemplate corev1.PodTemplateSpec  `json:"workerTemplate"`
+	} `json:"leaderWorkerTemplate"`
+}
 
 type leaderWorkerSet struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
+	Spec              leaderWorkerSetSpec `json:"spec"`
+}
+
+// disaggregatedSet: one LeaderWorkerSet template per role
+// (DisaggregatedRoleSpec inlines LeaderWorkerSetTemplateSpec).
+type disaggregatedSet struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
-		Replicas             *int32 `json:"replicas,omitempty"`
-		StartupPolicy        string `json:"startupPolicy,omitempty"`
-		LeaderWorkerTemplate struct {
-			Size           *int32                  `json:"size,omitempty"`
-			RestartPolicy  string                  `json:"restartPolicy,omitempty"`
-			LeaderTemplate *corev1.PodTemplateSpec `json:"leaderTemplate,omitempty"`
-			WorkerTemplate corev1.PodTemplateSpec  `json:"workerTemplate"`
-		} `json:"leaderWorkerTemplate"`
+		Roles []struct {
+			Name     string              `json:"name"`
+			Metadata *metav1.ObjectMeta  `json:"metadata,omitempty"`
+			Spec     leaderWorkerSetSpec `json:"spec"`
+		} `json:"roles"`
 	} `json:"spec"`
 }
 
@@ -145,7 +162,7 @@ func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 		// the server), watched in dry-run; restarts stay off.
 		want := sidecarWant{
 			mode:       "dry-run",
-			pluginBase: 30100,
+			pluginBase: 28100,
 			ranks:      intFlag(t, p.name, s.Args, "dp-size", 1) * intFlag(t, p.name, s.Args, "pp-size", 1),
 			secretName: "sglang-watchdog-plugin-token",
 		}
