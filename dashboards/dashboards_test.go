@@ -229,6 +229,36 @@ func TestVariables(t *testing.T) {
 	}
 }
 
+// Every panel says what its numbers are (mixtool's dashboard lint asks the
+// same), and the dashboard is read-only in Grafana: it is generated and
+// provisioned, so edits made there would be lost.
+func TestPanelUnitsAndReadOnly(t *testing.T) {
+	_, raw := loadCommitted(t)
+	var d struct {
+		Editable *bool `json:"editable"`
+		Panels   []struct {
+			Type        string `json:"type"`
+			Title       string `json:"title"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit string `json:"unit"`
+				} `json:"defaults"`
+			} `json:"fieldConfig"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Editable == nil || *d.Editable {
+		t.Error("the dashboard is editable; want editable: false")
+	}
+	for _, p := range d.Panels {
+		if p.Type != "row" && p.FieldConfig.Defaults.Unit == "" {
+			t.Errorf("panel %q has no unit (fieldConfig.defaults.unit)", p.Title)
+		}
+	}
+}
+
 func TestPanels(t *testing.T) {
 	d, _ := loadCommitted(t)
 	ids := map[uint32]string{}
