@@ -1,5 +1,7 @@
 """Listener settings, read from the environment of the scheduler process."""
 
+import contextlib
+import fcntl
 import ipaddress
 import logging
 import math
@@ -151,6 +153,18 @@ def last_restart(path):
         # An unreadable stamp must not lift the floor: count it as a restart now.
         logger.error("sglang-watchdog plugin cannot read its restart stamp %s (%s); restarts wait a full interval", path, e)
         return time.time()
+
+
+@contextlib.contextmanager
+def restart_lock(path):
+    """Holds an exclusive lock on path's lock file: every rank of the server shares the stamp,
+    so a check and its record must not interleave with another rank's."""
+    with open(f"{path}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def record_restart(path, when):

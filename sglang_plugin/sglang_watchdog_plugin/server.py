@@ -22,7 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-from .config import admin_allowed, last_restart, record_restart
+from .config import admin_allowed, last_restart, record_restart, restart_lock
 from .orders import Outcome, bad_request, unauthorized
 
 logger = logging.getLogger("sglang_watchdog_plugin")
@@ -338,6 +338,16 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.config.restart_stamp_path
         if not path:
             return outcome
+        try:
+            with restart_lock(path):
+                return self._restart_floor_locked(outcome, path)
+        except OSError as e:
+            # Restarting without the record would lift the floor for the next one.
+            logger.error("sglang-watchdog plugin refuses a restart: cannot use %s (%s)", path, e)
+            return Outcome(500, {"result": "internal_error",
+                                 "error": "cannot record the restart in SGLANG_WATCHDOG_PLUGIN_STATE_DIR"})
+
+    def _restart_floor_locked(self, outcome, path):
         now = time.time()
         last = last_restart(path)
         wait = self.config.restart_min_interval_s - (now - last) if last is not None else 0
@@ -349,13 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
                                  "error": f"the last restart of this server was {now - last:.0f} s ago; the plugin "
                                           f"allows one per {self.config.restart_min_interval_s:.0f} s"})
         if outcome.status == 202:
-            try:
-                record_restart(path, now)
-            except OSError as e:
-                # Restarting without the record would lift the floor for the next one.
-                logger.error("sglang-watchdog plugin refuses a restart: cannot record it in %s (%s)", path, e)
-                return Outcome(500, {"result": "internal_error",
-                                     "error": "cannot record the restart in SGLANG_WATCHDOG_PLUGIN_STATE_DIR"})
+            record_restart(path, now)
         return outcome
 
     def _content_length(self):

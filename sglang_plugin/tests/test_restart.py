@@ -144,6 +144,22 @@ class RestartFloorTest(Serving):
             os.utime(self.stamp, (time.time() - 61, time.time() - 61))
             self.assertEqual(self.restart(client, {"pid": os.getpid(), "dry_run": True})[0], 200, content)
 
+    def test_two_ranks_asked_at_once_restart_once(self):
+        # Every rank of a server shares the stamp; the check and the record
+        # happen under one lock, so only one of two concurrent calls wins.
+        _, first = self.serve_with_state()
+        _, second = self.serve(SGLANG_WATCHDOG_PLUGIN_STATE_DIR=os.path.dirname(self.stamp),
+                               SGLANG_WATCHDOG_PLUGIN_RESTART_MIN_INTERVAL="60")
+        statuses = []
+        threads = [threading.Thread(target=lambda c=c: statuses.append(self.restart(c, {"pid": os.getpid()})[0]))
+                   for c in (first, second)]
+        with self.assertLogs("sglang_watchdog_plugin", "WARNING"):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+        self.assertEqual(sorted(statuses), [202, 429])
+
     def test_an_unwritable_state_dir_refuses_the_restart(self):
         _, client = self.serve(SGLANG_WATCHDOG_PLUGIN_STATE_DIR="/nonexistent/state")
         with self.assertLogs("sglang_watchdog_plugin", "ERROR"):
