@@ -1,51 +1,26 @@
 # syntax=docker/dockerfile:1
 #
-# sglang-watchdog image: a static Go binary on distroless, running as nonroot.
+# sglang-watchdog image: promu's static release binary on distroless, running
+# as nonroot. The image adds no build of its own: it copies the binary that
+# promu built from .promu.yml (scripts/release-snapshot.sh, `make
+# release-snapshot`), so the image and the release tarballs carry the same
+# binary, stamped once. Build it with `make image`, which runs:
 #
-#   docker build \
+#   bash scripts/release-snapshot.sh      # .build/linux-amd64, .build/linux-arm64
+#   docker buildx build --platform linux/amd64,linux/arm64 \
 #     --build-arg VERSION="$(bash scripts/version.sh)" \
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
-#     --build-arg BRANCH="$(git rev-parse --abbrev-ref HEAD)" \
 #     --build-arg BUILD_DATE="$(date -u +%Y%m%d-%H:%M:%S)" \
 #     -t ghcr.io/sglang-watchdog/sglang-watchdog:v"$(cat VERSION)" .
 #
-# .git is not in the build context (.dockerignore), so without these build
-# args the binary reports version <VERSION>-dev and revision "unknown".
-# Multi-arch: docker buildx build --platform linux/amd64,linux/arm64 (the
-# builder cross-compiles; CGO is off). The tag is what the chart and the
-# manifests run: ghcr.io/sglang-watchdog/sglang-watchdog:v<VERSION>.
-
-# ---- build stage --------------------------------------------------------------
-FROM --platform=$BUILDPLATFORM golang:1.26-trixie AS build
-
-WORKDIR /src
-
-# Dependencies first, so that source edits do not invalidate this layer.
-COPY go.mod go.sum ./
-RUN go mod download
-
-COPY . .
-
-ARG TARGETOS
-ARG TARGETARCH
-ARG VERSION
-ARG REVISION
-ARG BRANCH
-ARG BUILD_USER=docker
-ARG BUILD_DATE
-
-# The same script CI uses: CGO_ENABLED=0, -trimpath, version stamping.
-RUN --mount=type=cache,target=/root/.cache/go-build \
-    GOOS="${TARGETOS}" GOARCH="${TARGETARCH}" \
-    VERSION="${VERSION}" REVISION="${REVISION}" BRANCH="${BRANCH}" \
-    BUILD_USER="${BUILD_USER}" BUILD_DATE="${BUILD_DATE}" \
-    bash scripts/build.sh /out/sglang-watchdog
-
-# ---- runtime stage ------------------------------------------------------------
-# Static binary: no libc, no shell. The :nonroot tag already runs as
-# 65532:65532; USER below makes it explicit (and numeric, for runAsNonRoot).
+# The build context is only those binaries and LICENSE (.dockerignore). The
+# tag is what the chart and the manifests run:
+# ghcr.io/sglang-watchdog/sglang-watchdog:v<VERSION>.
 FROM gcr.io/distroless/static-debian13:nonroot
 
+# Set by buildx for each platform; the defaults serve a plain docker build.
+ARG TARGETOS=linux
+ARG TARGETARCH=amd64
 ARG VERSION
 ARG REVISION
 ARG BUILD_DATE
@@ -59,9 +34,12 @@ LABEL org.opencontainers.image.title="sglang-watchdog" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${BUILD_DATE}"
 
-COPY --from=build /out/sglang-watchdog /bin/sglang-watchdog
+# promu's layout: .build/<os>-<arch>/<binary>.
+COPY .build/${TARGETOS}-${TARGETARCH}/sglang-watchdog /bin/sglang-watchdog
 COPY LICENSE /LICENSE
 
+# Static binary: no libc, no shell. The :nonroot tag already runs as
+# 65532:65532; USER makes it explicit (and numeric, for runAsNonRoot).
 USER 65532:65532
 EXPOSE 9433
 ENTRYPOINT ["/bin/sglang-watchdog"]

@@ -113,7 +113,9 @@ func Dashboard() (dashboard.Dashboard, error) {
 		Refresh("30s").
 		Time("now-1h", "now").
 		Timezone(common.TimeZoneBrowser).
-		Tooltip(dashboard.DashboardCursorSyncCrosshair)
+		Tooltip(dashboard.DashboardCursorSyncCrosshair).
+		// Generated and provisioned: edits made in Grafana would be lost.
+		Readonly()
 
 	for _, v := range variables() {
 		b = b.WithVariable(variableBuilder(v))
@@ -330,6 +332,7 @@ func panelBuilder(p placedPanel) cog.Builder[dashboard.Panel] {
 				Exponent(0.5).
 				Steps(64)).
 			CellValues(heatmap.NewCellValuesBuilder().Unit("reqps")).
+			Unit("reqps").
 			Tooltip(heatmap.NewHeatmapTooltipBuilder().Mode(common.TooltipDisplayModeSingle).YHistogram(true)).
 			ShowLegend()
 		for i, t := range s.targets {

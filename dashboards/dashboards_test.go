@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -226,6 +227,36 @@ func TestVariables(t *testing.T) {
 	}
 	if want := []string{"datasource", "cluster", "namespace", "job", "instance", "model_name", "dp_rank"}; !slices.Equal(names, want) {
 		t.Errorf("Variables() names = %v, want %v", names, want)
+	}
+}
+
+// Every panel says what its numbers are (mixtool's dashboard lint asks the
+// same), and the dashboard is read-only in Grafana: it is generated and
+// provisioned, so edits made there would be lost.
+func TestPanelUnitsAndReadOnly(t *testing.T) {
+	_, raw := loadCommitted(t)
+	var d struct {
+		Editable *bool `json:"editable"`
+		Panels   []struct {
+			Type        string `json:"type"`
+			Title       string `json:"title"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit string `json:"unit"`
+				} `json:"defaults"`
+			} `json:"fieldConfig"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Editable == nil || *d.Editable {
+		t.Error("the dashboard is editable; want editable: false")
+	}
+	for _, p := range d.Panels {
+		if p.Type != "row" && p.FieldConfig.Defaults.Unit == "" {
+			t.Errorf("panel %q has no unit (fieldConfig.defaults.unit)", p.Title)
+		}
 	}
 }
 
@@ -1014,8 +1045,11 @@ func TestQueriesParseWithPromtool(t *testing.T) {
 		if err != nil {
 			var failed []string
 			for _, m := range regexp.MustCompile(`dashboard:query_(\d+)`).FindAllStringSubmatch(string(out), -1) {
-				var i int
-				fmt.Sscan(m[1], &i)
+				i, err := strconv.Atoi(m[1]) // \d+: only an overflow fails
+				if err != nil || i >= len(where) {
+					failed = append(failed, m[0]+" = ?")
+					continue
+				}
 				failed = append(failed, fmt.Sprintf("%s = %s", m[0], where[i]))
 			}
 			t.Fatalf("promtool check rules (%s): %v\n%s\n%s", s.Name, err, out, strings.Join(failed, "\n"))

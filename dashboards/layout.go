@@ -136,21 +136,21 @@ func layout() []rowSpec {
 	return []rowSpec{
 		{title: "Overview", panels: []panelSpec{
 			{
-				kind: kindStat, title: "Stuck requests", width: 4, height: 4, alertAt: 1,
+				kind: kindStat, title: "Stuck requests", width: 4, height: 4, alertAt: 1, unit: "short",
 				description: "Prefill inflight requests older than --watchdog.deadline whose progress and poll state have not changed for --watchdog.stall-window while the scheduler loop kept running. Needs the plugin.",
 				targets: []target{{
 					expr: "sum(" + wdRank("sglang_watchdog_stuck_requests") + ")", legend: "stuck", needs: NeedsPlugin,
 				}},
 			},
 			{
-				kind: kindStat, title: "Pinned queue gauges", width: 4, height: 4, alertAt: 1,
+				kind: kindStat, title: "Pinned queue gauges", width: 4, height: 4, alertAt: 1, unit: "short",
 				description: "SGLang PD queue gauges that have been non-zero and unchanged for --watchdog.pin-window while no progress counter moved. Works without the plugin.",
 				targets: []target{{
 					expr: "sum(" + wdRank("sglang_watchdog_queue_pinned") + ")", legend: "pinned",
 				}},
 			},
 			{
-				kind: kindStat, title: "Wedged scheduler ranks", width: 4, height: 4, alertAt: 1,
+				kind: kindStat, title: "Wedged scheduler ranks", width: 4, height: 4, alertAt: 1, unit: "short",
 				description: "Ranks whose inflight queue holds requests while the scheduler loop has not advanced for --watchdog.stall-window. The watchdog never force-fails on a wedged rank.",
 				targets: []target{{
 					expr: "sum(" + wdRank("sglang_watchdog_scheduler_wedged") + ")", legend: "wedged", needs: NeedsPlugin,
@@ -164,7 +164,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindStat, title: "Force-fail mode", width: 4, height: 4, showName: true,
+				kind: kindStat, title: "Force-fail mode", width: 4, height: 4, showName: true, unit: "none",
 				description: "The watchdog's --force-fail.mode: off, dry-run or auto.",
 				targets: []target{{
 					expr: wd("sglang_watchdog_force_fail_mode") + " == 1", legend: "{{mode}}",
@@ -180,7 +180,7 @@ func layout() []rowSpec {
 		}},
 		{title: "PD queues", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "PD queue depth per rank (watchdog view)", width: 12, height: 8,
+				kind: kindTimeseries, title: "PD queue depth per rank (watchdog view)", width: 12, height: 8, unit: "short",
 				description: "sglang_watchdog_queue_requests: each PD queue per rank as last seen by the watchdog, from SGLang's /metrics (source=metrics) and from the plugin listing (source=plugin). The two sources should agree; a metrics value pinned above the plugin value is the stale-gauge symptom.",
 				targets: []target{{
 					expr:   "max by (source, queue, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_queue_requests") + ")",
@@ -188,7 +188,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "PD queue gauges (SGLang /metrics)", width: 12, height: 8,
+				kind: kindTimeseries, title: "PD queue gauges (SGLang /metrics)", width: 12, height: 8, unit: "short",
 				description: "SGLang's own PD queue gauges. They are only rewritten when a prefill batch is formed (or by the idle refresh when the inflight queue is empty), so with one stuck request and no traffic they stay pinned. The bootstrap queue is named num_prefill_bootstrap_queue_reqs on newest SGLang and num_prefill_prealloc_queue_reqs on v0.5-era servers.",
 				targets: []target{
 					{
@@ -212,7 +212,7 @@ func layout() []rowSpec {
 		}},
 		{title: "Prefill inflight queue (plugin)", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "Inflight requests by poll state", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Inflight requests by poll state", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Requests waiting on a KV transfer by the plugin's last observed KVPoll state: the prefill inflight queue (role prefill), the decode prealloc and transfer queues (role decode). Requests that sit in Transferring or WaitingForInput without leaving are the stuck-request symptom.",
 				targets: []target{{
 					expr:   "sum by (role, dp_rank, poll) (" + wdRank("sglang_watchdog_inflight_requests") + ")",
@@ -252,7 +252,7 @@ func layout() []rowSpec {
 		}},
 		{title: "Stuck detection", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "Stuck requests per rank", width: 8, height: 8, alertAt: 1,
+				kind: kindTimeseries, title: "Stuck requests per rank", width: 8, height: 8, alertAt: 1, unit: "short",
 				description: "Requests the watchdog judges stuck, by role: older than the deadline (decode: the decode deadline), no progress or poll change for the stall window, scheduler loop still running.",
 				targets: []target{{
 					expr:   "sum by (role, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_stuck_requests") + ")",
@@ -260,7 +260,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Pinned SGLang queue gauges", width: 8, height: 8, alertAt: 1,
+				kind: kindTimeseries, title: "Pinned SGLang queue gauges", width: 8, height: 8, alertAt: 1, unit: "bool_yes_no",
 				description: "1 while an SGLang PD queue gauge has been non-zero and unchanged for --watchdog.pin-window with no progress signal moving. Works without the plugin.",
 				targets: []target{{
 					expr:   "max by (queue, dp_rank, pp_rank, tp_rank) (" + wdRank("sglang_watchdog_queue_pinned") + ")",
@@ -284,7 +284,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Wedged scheduler loop", width: 8, height: 8, alertAt: 1,
+				kind: kindTimeseries, title: "Wedged scheduler loop", width: 8, height: 8, alertAt: 1, unit: "bool_yes_no",
 				description: "1 while the inflight queue holds requests and the scheduler loop has not advanced for --watchdog.stall-window. No request is force-failed on a wedged rank: restart the server instead.",
 				targets: []target{{
 					expr:   "max by (role, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_scheduler_wedged") + ")",
@@ -302,7 +302,7 @@ func layout() []rowSpec {
 		}},
 		{title: "Force-fail", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "Force-fail attempts by result and trigger", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Force-fail attempts by result and trigger", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed; unsupported: no lever works on this SGLang. trigger is auto (the watchdog's own decision), alert (Alertmanager webhook) or fail_fast (a room queued behind a diagnosed transfer wedge).",
 				targets: []target{{
 					expr:   "sum by (result, trigger, role) (" + increase(wd("sglang_watchdog_force_fails_total")) + ")",
@@ -310,7 +310,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Stuck requests not force-failed", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Stuck requests not force-failed", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Stuck requests the watchdog did not force-fail, by reason and role: mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live (decode: the transfer may still be written; held for SGLang's own timeout).",
 				targets: []target{{
 					expr:   "sum by (reason, role) (" + increase(wd("sglang_watchdog_force_fail_skips_total")) + ")",
@@ -318,7 +318,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Alert webhook deliveries", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Alert webhook deliveries", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Authenticated Alertmanager webhook deliveries per interval: accepted, ignored (no firing stuck-request alert about this watchdog), bad_request, busy (trigger queue full, answered 503), disabled. Refusals (with the webhook on): unauthorized deliveries (no or wrong bearer token) and foreign_target alerts whose labels name another watchdog.",
 				targets: []target{
 					{
@@ -334,7 +334,7 @@ func layout() []rowSpec {
 		}},
 		{title: "Transfer wedges and restarts", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "Wedged KV transfer queues", width: 8, height: 8, alertAt: 1,
+				kind: kindTimeseries, title: "Wedged KV transfer queues", width: 8, height: 8, alertAt: 1, unit: "bool_yes_no",
 				description: "1 while a KV transfer queue of the rank is wedged: diagnosed (a stuck room with a transfer in flight, or an orphaned transfer on a queue whose rooms wait unchanged) or suspected (two or more stuck Transferring rooms, older plugin). Every room queued behind it hangs; auto mode fails them at once (trigger fail_fast), and only a restart frees the worker.",
 				targets: []target{{
 					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_transfer_wedged") + ")",
@@ -342,7 +342,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Transfer wedges diagnosed", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Transfer wedges diagnosed", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Transfer queue wedges diagnosed or suspected per interval, each counted once.",
 				targets: []target{{
 					expr:   "sum by (instance, dp_rank, pp_rank) (" + increase(wdRank("sglang_watchdog_transfer_wedges_total")) + ")",
@@ -350,7 +350,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Restart escalations", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Restart escalations", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Restart escalations of a diagnosed wedge per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, error (the wedge was left in place).",
 				targets: []target{{
 					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_restarts_total")) + ")",
@@ -358,7 +358,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 12, height: 8, alertAt: 1,
+				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 12, height: 8, alertAt: 1, unit: "short",
 				description: "Stuck requests the last attempt could not act on, by reason: source_down (the listing re-read before the call failed: a flapping source blocks every release), unsupported (no lever works on this SGLang) or transfer_live (decode: the transfer may still be written and the prefill side has not said it stopped).",
 				targets: []target{{
 					expr:   "sum by (role, dp_rank, pp_rank, reason) (" + wdRank("sglang_watchdog_stuck_unactionable_requests") + ")",
@@ -366,7 +366,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Plugin URLs per rank", width: 12, height: 8, alertAt: 2,
+				kind: kindTimeseries, title: "Plugin URLs per rank", width: 12, height: 8, alertAt: 2, unit: "short",
 				description: "Plugin URLs whose last listing reported each rank. Above 1 is a collision (a wrong --plugin.url or port mapping): the rank's series add up those targets, and another rank is probably not watched.",
 				targets: []target{{
 					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_rank_targets") + ")",
@@ -376,7 +376,7 @@ func layout() []rowSpec {
 		}},
 		{title: "Decode safety", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "Prefill verdict lookups", width: 12, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Prefill verdict lookups", width: 12, height: 8, stacked: true, unit: "short",
 				description: "Lookups of the prefill side's verdict on the room of a stuck decode request whose KV transfer started, per interval: stopped (the only answer that lets it be released early), live, in_queue, unknown, error (peer unreachable, host outside --decode.prefill-networks, no --decode.prefill-watchdog-url). Anything but stopped holds the request for SGLang's own timeout.",
 				targets: []target{{
 					expr:   "sum by (instance, verdict) (" + increase(wd("sglang_watchdog_prefill_verdict_lookups_total")) + ")",
@@ -384,7 +384,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Rooms released on prefill, remembered for decode", width: 12, height: 8,
+				kind: kindTimeseries, title: "Rooms released on prefill, remembered for decode", width: 12, height: 8, unit: "short",
 				description: "Rooms a prefill-side watchdog released and remembers (15 minutes, at most 10,000) to answer decode-side verdict lookups on GET /api/v1/rooms/<room>.",
 				targets: []target{{
 					expr:   "max by (instance) (" + wd("sglang_watchdog_prefill_released_rooms") + ")",
@@ -442,7 +442,7 @@ func layout() []rowSpec {
 		}},
 		{title: "Watchdog health", panels: []panelSpec{
 			{
-				kind: kindTimeseries, title: "Source read success", width: 8, height: 8,
+				kind: kindTimeseries, title: "Source read success", width: 8, height: 8, unit: "bool_yes_no",
 				description: "1 if the watchdog's last read of each source succeeded. A failed source never reads as zero rooms.",
 				targets: []target{{
 					expr:   wd("sglang_watchdog_scrape_success"),
@@ -458,7 +458,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Source read failures", width: 8, height: 8, stacked: true,
+				kind: kindTimeseries, title: "Source read failures", width: 8, height: 8, stacked: true, unit: "short",
 				description: "Failed reads per interval (HTTP error, timeout, oversized or malformed body).",
 				targets: []target{{
 					expr:   "sum by (source, target) (" + increase(wd("sglang_watchdog_scrape_failures_total")) + ")",
@@ -466,7 +466,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Prometheus targets up", width: 8, height: 8,
+				kind: kindTimeseries, title: "Prometheus targets up", width: 8, height: 8, unit: "bool_yes_no",
 				description: "Prometheus's up series for every target on the selected hosts: SGLang's /metrics and the watchdog.",
 				targets: []target{{
 					expr:   "up{" + matchTarget + "}",
@@ -482,7 +482,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Tracked rooms", width: 8, height: 8,
+				kind: kindTimeseries, title: "Tracked rooms", width: 8, height: 8, unit: "short",
 				description: "Inflight rooms the watchdog remembers, and listings per interval that held more rooms than --watchdog.max-rooms (the excess is not tracked).",
 				targets: []target{
 					{
@@ -496,7 +496,7 @@ func layout() []rowSpec {
 				},
 			},
 			{
-				kind: kindStat, title: "Watchdog build", width: 24, height: 4, showName: true,
+				kind: kindStat, title: "Watchdog build", width: 24, height: 4, showName: true, unit: "none",
 				description: "Version of each watchdog (sglang_watchdog_build_info).",
 				targets: []target{{
 					expr:   wd("sglang_watchdog_build_info"),

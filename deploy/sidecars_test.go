@@ -26,8 +26,11 @@ func TestSidecarArgsCoverEverythingShipped(t *testing.T) {
 		"helm/testdata/sidecar-default.yaml":      2,
 		"helm/testdata/sidecar-full.yaml":         2,
 		"helm/testdata/sidecar-decode-only.yaml":  1,
+		"helm/testdata/sidecar-hostnetwork.yaml":  2,
 		"examples/leaderworkerset/sglang-pd.yaml": 2, // the leaders only
 		"examples/rolebasedgroup/sglang-pd.yaml":  2,
+		// Prefill, and decode's leader and worker (DP attention on two nodes).
+		"examples/disaggregatedset/sglang-pd.yaml": 3,
 	} {
 		if count[f] != want {
 			t.Errorf("%s: %d sidecars, want %d", f, count[f], want)

@@ -160,6 +160,93 @@ type ruleFile struct {
 	} `yaml:"groups"`
 }
 
+// seriesRE finds the series a rule selects: the watchdog's metrics, up,
+// and SGLang's own, each with its matchers if any.
+var seriesRE = regexp.MustCompile(`\b(sglang_watchdog_[a-z_]+|sglang:[a-z_]+|up)\b(\{[^}]*\})?`)
+
+// TestRulesLint holds the rules to what mixtool's lint and the
+// kubernetes-mixin conventions ask, on the example config (which sets both
+// selectors): every series a rule selects carries its group's job selector,
+// descriptions name the pod as namespace/pod rather than an instance (a
+// pod IP), every alert has a severity, summary, description and runbook,
+// and SGLangWatchdogAbsent's description is a template.
+func TestRulesLint(t *testing.T) {
+	files := render(t, filepath.Join(repoRoot(t), ExampleConfig))
+	selectors := map[string]string{
+		"alerts/watchdog.rules.yml":   `job="llm/sglang-watchdog"`,
+		"alerts/sglang-raw.rules.yml": `job="llm/sglang"`,
+	}
+	for name, sel := range selectors {
+		var rf ruleFile
+		if err := yaml.Unmarshal([]byte(files[name]), &rf); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for _, g := range rf.Groups {
+			for _, r := range g.Rules {
+				for _, m := range seriesRE.FindAllStringSubmatch(r.Expr, -1) {
+					if !strings.Contains(m[2], sel) {
+						t.Errorf("%s %s: %s%s lacks the selector %s", name, r.Alert, m[1], m[2], sel)
+					}
+				}
+				if r.Alert == "" {
+					continue
+				}
+				desc := r.Annotations["description"]
+				if r.Labels["severity"] == "" || r.Annotations["summary"] == "" || desc == "" || r.Annotations["runbook_url"] == "" {
+					t.Errorf("%s %s: want a severity, a summary, a description and a runbook_url", name, r.Alert)
+				}
+				if strings.Contains(desc, "$labels.instance") && !strings.Contains(desc, "{{ with $labels.pod }}{{ $labels.namespace }}/{{ . }}{{ else }}{{ $labels.instance }}{{ end }}") {
+					t.Errorf("%s %s: the description names the instance without namespace/pod: %s", name, r.Alert, desc)
+				}
+				if r.Alert == "SGLangWatchdogAbsent" && !strings.Contains(desc, "{{") {
+					t.Errorf("%s %s: the description is no template: %s", name, r.Alert, desc)
+				}
+			}
+		}
+	}
+}
+
+// jsonnetfile.json lets jsonnet-bundler vendor the mixin; it depends on
+// nothing outside mixin/, so it lists no dependencies.
+func TestJsonnetfile(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "mixin", "jsonnetfile.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jf struct {
+		Version      int   `json:"version"`
+		Dependencies []any `json:"dependencies"`
+	}
+	if err := json.Unmarshal(raw, &jf); err != nil {
+		t.Fatal(err)
+	}
+	if jf.Version != 1 || len(jf.Dependencies) != 0 {
+		t.Errorf("jsonnetfile.json: version %d, %d dependencies; want version 1 and none", jf.Version, len(jf.Dependencies))
+	}
+	imports := regexp.MustCompile(`import(str)? '([^']+)'`)
+	err = filepath.WalkDir(filepath.Join(repoRoot(t), "mixin"), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		if !strings.HasSuffix(p, ".libsonnet") && !strings.HasSuffix(p, ".jsonnet") {
+			return nil
+		}
+		src, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		for _, m := range imports.FindAllStringSubmatch(string(src), -1) {
+			if strings.HasPrefix(m[2], "github.com/") {
+				t.Errorf("%s imports %s: a dependency jsonnetfile.json does not list", p, m[2])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Every setting of the example config reaches the rendered files.
 func TestExampleConfig(t *testing.T) {
 	files := render(t, filepath.Join(repoRoot(t), ExampleConfig))

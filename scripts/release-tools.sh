@@ -5,6 +5,11 @@ HELM_VERSION=v3.22.0
 # Minor version of the Kubernetes modules helm v3.22.0 builds with (k8s.io/* v0.37).
 HELM_K8S_MINOR=37
 PROMU_VERSION=v0.18.0
+# Linters (scripts/deps-lint.sh). jsonnet-lint comes from the go-jsonnet
+# version go.mod already uses for the mixin.
+GOLANGCI_LINT_VERSION=v2.15.0
+GOVULNCHECK_VERSION=v1.9.0
+JSONNET_VERSION=v0.22.0
 # The interpreter that Debian's python3-build belongs to.
 DEB_PYTHON=/usr/bin/python3
 

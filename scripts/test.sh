@@ -9,12 +9,10 @@ cd "$(dirname "$0")/.."
 
 bash scripts/deps.sh
 
-unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
-if [ -n "$unformatted" ]; then
-  echo "gofmt would change: $unformatted" >&2
-  exit 1
-fi
-go vet ./...
+# gofmt, go vet, jsonnet-lint on the mixin, golangci-lint (on the packages
+# it gates in CI), govulncheck where its database is available
+# (scripts/lint.sh, docs/ci.md).
+bash scripts/lint.sh --ci
 
 # The Python plugin, stdlib only.
 (cd sglang_plugin && python3 -m unittest discover -s tests -t .)

@@ -399,7 +399,7 @@ func TestSidecarMatchesSGLang(t *testing.T) {
 	}
 }
 
-// checkPluginURLs checks one --plugin.url per rank, on 30100 + index
+// checkPluginURLs checks one --plugin.url per rank, on 28100 + index
 // (docs/plugin-api.md, "Port mapping").
 func checkPluginURLs(t *testing.T, name string, s corev1.Container, urls []string) {
 	t.Helper()
@@ -409,7 +409,7 @@ func checkPluginURLs(t *testing.T, name string, s corev1.Container, urls []strin
 	if v, ok := envValue(s, "SGLANG_WATCHDOG_PLUGIN_HOST"); ok && v != "127.0.0.1" {
 		t.Errorf("%s: the plugin listens on %s; keep it on loopback", name, v)
 	}
-	base := 30100
+	base := 28100
 	if v, ok := envValue(s, "SGLANG_WATCHDOG_PLUGIN_PORT"); ok {
 		var err error
 		if base, err = strconv.Atoi(v); err != nil {

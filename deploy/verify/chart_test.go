@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
@@ -25,6 +28,9 @@ const (
 	namespace = "sglang"
 )
 
+// ciToken is the plugin token of the ci/ values files that set token.value.
+const ciToken = "ci-token-0123456789abcdef0123456789abcdef"
+
 // chartCase is one values file of the chart's ci/ directory and what it
 // must render.
 type chartCase struct {
@@ -35,14 +41,22 @@ type chartCase struct {
 	rules         []string               // rule files, sorted
 	dashboard     bool
 	networkPolicy bool
+	hostNetwork   bool
+	// Alerts left out and labels added (prometheusRule.disabledAlerts,
+	// additionalRuleLabels).
+	disabledAlerts []string
+	ruleLabels     map[string]string
+	// podMonitorTLS: scheme https with tlsConfig, authorization, an extra
+	// relabeling, metricRelabelings and sampleLimit.
+	podMonitorTLS bool
 }
 
 var chartCases = []chartCase{
 	{
 		name: "default",
 		roles: map[string]sidecarWant{
-			"sglang-prefill": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
-			"sglang-decode":  {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+			"sglang-prefill": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+			"sglang-decode":  {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
 		},
 		podMonitors: map[string]string{"prefill": "", "decode": ""},
 		secret:      "w-sglang-watchdog-plugin-token",
@@ -52,19 +66,33 @@ var chartCases = []chartCase{
 	{
 		name: "full",
 		roles: map[string]sidecarWant{
-			"big-prefill": {mode: "auto", pluginBase: 31000, ranks: 4, secretName: "my-plugin-token", restart: "auto",
+			"big-prefill": {mode: "auto", pluginBase: 28200, ranks: 4, secretName: "my-plugin-token", restart: "auto", restartSeconds: "3600",
 				image: "ghcr.io/sglang-watchdog/sglang-watchdog@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
-			"sglang-decode": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "my-plugin-token",
+			"sglang-decode": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "my-plugin-token",
 				verdictURL: "https://{host}:9433", httpConfigSecret: "prefill-watchdog-client"},
 		},
-		podMonitors:   map[string]string{"prefill": "team", "decode": "team"},
-		rules:         []string{"sglang-raw", "watchdog"},
-		dashboard:     true,
-		networkPolicy: true,
+		podMonitors:    map[string]string{"prefill": "team", "decode": "team"},
+		rules:          []string{"sglang-raw", "watchdog"},
+		dashboard:      true,
+		networkPolicy:  true,
+		disabledAlerts: []string{"SGLangWatchdogAbsent"},
+		ruleLabels:     map[string]string{"team": "inference", "severity": "must-not-win"},
+		podMonitorTLS:  true,
+	},
+	{
+		name: "hostnetwork",
+		roles: map[string]sidecarWant{
+			"sglang-prefill": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "sglang-watchdog-plugin-token", restart: "dry-run", restartSeconds: "5400"},
+			"sglang-decode":  {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "sglang-watchdog-plugin-token", verdictURL: "http://{host}:9433"},
+		},
+		podMonitors: map[string]string{"prefill": "", "decode": ""},
+		rules:       []string{"watchdog"},
+		dashboard:   true,
+		hostNetwork: true,
 	},
 	{
 		name:        "decode-only",
-		roles:       map[string]sidecarWant{"sglang-decode": {mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token"}},
+		roles:       map[string]sidecarWant{"sglang-decode": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token"}},
 		podMonitors: map[string]string{"decode": ""},
 		secret:      "w-sglang-watchdog-plugin-token",
 	},
@@ -74,12 +102,26 @@ func (c chartCase) values() string {
 	return repoPath(chartRel + "/ci/" + c.name + "-values.yaml")
 }
 
-// helmTemplate renders the chart with the sidecar patches on: they are
-// template-only (a patch is no installable Deployment, so helm lint, which
-// checks what is installed, runs without them).
+// operatorAPIs are the Prometheus Operator's kinds as a cluster with its
+// CRDs serves them: only then does the chart render PodMonitors and
+// PrometheusRules.
+var operatorAPIs = []string{"--api-versions", "monitoring.coreos.com/v1/PodMonitor", "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"}
+
+// helmTemplate renders the chart with the sidecar patches on (they are
+// template-only: a patch is no installable Deployment, so helm lint, which
+// checks what is installed, runs without them) for a cluster that serves
+// the Prometheus Operator's kinds.
 func helmTemplate(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	return run(toolPath(t, "helm"), append([]string{"template", release, repoPath(chartRel), "--namespace", namespace, "--set", "sidecarPatch.enabled=true"}, args...)...)
+	return helmTemplateFor(t, operatorAPIs, args...)
+}
+
+// helmTemplateFor renders the chart like helmTemplate for a cluster that
+// serves the given --api-versions.
+func helmTemplateFor(t *testing.T, apis []string, args ...string) ([]byte, error) {
+	t.Helper()
+	base := append([]string{"template", release, repoPath(chartRel), "--namespace", namespace, "--set", "sidecarPatch.enabled=true"}, apis...)
+	return run(toolPath(t, "helm"), append(base, args...)...)
 }
 
 func TestChartLint(t *testing.T) {
@@ -127,6 +169,7 @@ func TestChartRenders(t *testing.T) {
 				if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 					t.Errorf("%s: the patch must set automountServiceAccountToken: false", dep.Name)
 				}
+				checkHostNetwork(t, c.name+" "+dep.Name, spec, c.hostNetwork)
 			}
 
 			// PodMonitors.
@@ -150,6 +193,7 @@ func TestChartRenders(t *testing.T) {
 				if pm.Namespace != namespace {
 					t.Errorf("%s: namespace %q", pm.Name, pm.Namespace)
 				}
+				checkPodMonitorOptions(t, pm, c.podMonitorTLS)
 			}
 
 			// PrometheusRules carry alerts/ exactly.
@@ -157,8 +201,8 @@ func TestChartRenders(t *testing.T) {
 			for _, pr := range o.prometheusRules {
 				slug := strings.TrimPrefix(pr.Name, release+"-sglang-watchdog-")
 				rules = append(rules, slug)
-				if !reflect.DeepEqual(pr.Spec, ruleSpec(t, slug+".rules.yml")) {
-					t.Errorf("PrometheusRule %s does not carry exactly alerts/%s.rules.yml; regenerate the chart's copy with: go run ./deploy/kubernetes/gen", pr.Name, slug)
+				if want := ruleSpecAs(ruleSpec(t, slug+".rules.yml"), c.disabledAlerts, c.ruleLabels); !reflect.DeepEqual(pr.Spec, want) {
+					t.Errorf("PrometheusRule %s does not carry exactly alerts/%s.rules.yml (less %q, with labels %v); regenerate the chart's copy with: go run ./deploy/kubernetes/gen", pr.Name, slug, c.disabledAlerts, c.ruleLabels)
 				}
 			}
 			sort.Strings(rules)
@@ -184,6 +228,8 @@ func TestChartRenders(t *testing.T) {
 				t.Errorf("%d dashboard ConfigMaps, want dashboard=%v", dashboards, c.dashboard)
 			}
 
+			checkHelmTest(t, o.pods)
+
 			// The token Secret, created only when a role uses the plugin and
 			// no existing Secret is named.
 			switch {
@@ -193,8 +239,8 @@ func TestChartRenders(t *testing.T) {
 				if len(o.secrets) != 1 || o.secrets[0].Name != c.secret {
 					t.Fatalf("want the Secret %s, have %d Secrets", c.secret, len(o.secrets))
 				}
-				if tok := o.secrets[0].Data["token"]; len(tok) < 32 {
-					t.Errorf("Secret %s: token of %d bytes, want a generated one of at least 32", c.secret, len(tok))
+				if tok := string(o.secrets[0].Data["token"]); tok != ciToken {
+					t.Errorf("Secret %s: token %q, want token.value", c.secret, tok)
 				}
 			}
 
@@ -332,6 +378,124 @@ func TestChartSidecarMatchesManifests(t *testing.T) {
 	}
 }
 
+// ruleSpecAs returns spec as the chart renders it with
+// prometheusRule.disabledAlerts and additionalRuleLabels: the disabled
+// alerts left out, the labels added to every alert under its own.
+func ruleSpecAs(spec monitoringv1.PrometheusRuleSpec, disabled []string, labels map[string]string) monitoringv1.PrometheusRuleSpec {
+	var out monitoringv1.PrometheusRuleSpec
+	for _, g := range spec.Groups {
+		var rules []monitoringv1.Rule
+		for _, r := range g.Rules {
+			if r.Alert != "" && slices.Contains(disabled, r.Alert) {
+				continue
+			}
+			if r.Alert != "" && len(labels) > 0 {
+				merged := maps.Clone(labels)
+				maps.Copy(merged, r.Labels)
+				r.Labels = merged
+			}
+			rules = append(rules, r)
+		}
+		if len(rules) > 0 {
+			g.Rules = rules
+			out.Groups = append(out.Groups, g)
+		}
+	}
+	return out
+}
+
+// checkPodMonitorOptions checks podMonitor's scrape settings: scheme https
+// with TLS, authorization, an extra relabeling after the job's,
+// metricRelabelings and a sample limit (ci/full-values.yaml), or plain HTTP
+// with none of them.
+func checkPodMonitorOptions(t *testing.T, pm monitoringv1.PodMonitor, tls bool) {
+	t.Helper()
+	ep := pm.Spec.PodMetricsEndpoints[0]
+	scheme := ""
+	if ep.Scheme != nil {
+		scheme = ep.Scheme.String()
+	}
+	var limit int64
+	if pm.Spec.SampleLimit != nil {
+		limit = *pm.Spec.SampleLimit
+	}
+	if !tls {
+		if scheme != "http" || ep.TLSConfig != nil || ep.Authorization != nil || len(ep.RelabelConfigs) != 1 || limit != 0 {
+			t.Errorf("%s: scheme %q, TLS %v, authorization %v, %d relabelings, sample limit %d: want the defaults", pm.Name, scheme, ep.TLSConfig != nil, ep.Authorization != nil, len(ep.RelabelConfigs), limit)
+		}
+		return
+	}
+	if scheme != "https" || ep.TLSConfig == nil || ep.TLSConfig.CA.Secret == nil || ep.Authorization == nil || ep.Authorization.Credentials == nil {
+		t.Errorf("%s: scheme %q, tlsConfig %+v, authorization %+v: want https with a CA and bearer credentials", pm.Name, scheme, ep.TLSConfig, ep.Authorization)
+	}
+	if len(ep.RelabelConfigs) != 2 || ep.RelabelConfigs[0].TargetLabel != "job" || ep.RelabelConfigs[1].TargetLabel != "node" {
+		t.Errorf("%s: relabelings %+v: want the job's, then podMonitor.relabelings", pm.Name, ep.RelabelConfigs)
+	}
+	if len(ep.MetricRelabelConfigs) != 1 || limit != 2000 {
+		t.Errorf("%s: %d metricRelabelings, sample limit %d", pm.Name, len(ep.MetricRelabelConfigs), limit)
+	}
+}
+
+// checkHelmTest checks the `helm test` Pod: a test hook that runs the
+// chart's image as `sglang-watchdog demo` under the sidecar's locked-down
+// security context.
+func checkHelmTest(t *testing.T, pods []corev1.Pod) {
+	t.Helper()
+	if len(pods) != 1 {
+		t.Fatalf("%d Pods, want the helm test's", len(pods))
+	}
+	p := pods[0]
+	if p.Annotations["helm.sh/hook"] != "test" || p.Spec.RestartPolicy != corev1.RestartPolicyNever || len(p.Spec.Containers) != 1 {
+		t.Fatalf("Pod %s: hook %q, restartPolicy %q, %d containers: want one container, a test hook that runs once", p.Name, p.Annotations["helm.sh/hook"], p.Spec.RestartPolicy, len(p.Spec.Containers))
+	}
+	c := p.Spec.Containers[0]
+	sc := c.SecurityContext
+	if !reflect.DeepEqual(c.Args, []string{"demo"}) || sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Errorf("Pod %s: args %q, securityContext %+v: want demo under the sidecar's", p.Name, c.Args, sc)
+	}
+	if c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("Pod %s: no memory limit", p.Name)
+	}
+}
+
+// TestChartRendersAreStable: the same values give the same objects at every
+// render, the token included, as Argo CD and Flux need (they render with
+// helm template and apply the difference).
+func TestChartRendersAreStable(t *testing.T) {
+	for _, c := range chartCases {
+		first, err := helmTemplate(t, "-f", c.values())
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := helmTemplate(t, "-f", c.values())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(first, second) {
+			t.Errorf("%s: two renders differ", c.name)
+		}
+	}
+}
+
+// TestChartWithoutTheOperatorCRDs: on a cluster that does not serve the
+// Prometheus Operator's kinds, the chart leaves out the PodMonitors and
+// PrometheusRules, which would not apply, and renders the rest.
+func TestChartWithoutTheOperatorCRDs(t *testing.T) {
+	out, err := helmTemplateFor(t, nil, "-f", chartCases[0].values())
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := splitDocs("no CRDs", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decodeAll(t, docs)
+	if len(o.podMonitors)+len(o.prometheusRules) != 0 || len(o.deployments) == 0 || len(o.secrets) != 1 || len(o.configMaps) != 1 {
+		t.Errorf("without the CRDs: %d PodMonitors, %d PrometheusRules (want none), %d patches, %d Secrets, %d ConfigMaps",
+			len(o.podMonitors), len(o.prometheusRules), len(o.deployments), len(o.secrets), len(o.configMaps))
+	}
+}
+
 // filterVolumes returns the volumes of all that are named in like.
 func filterVolumes(all, like []corev1.Volume) []corev1.Volume {
 	var out []corev1.Volume
@@ -347,6 +511,7 @@ func filterVolumes(all, like []corev1.Volume) []corev1.Volume {
 
 func TestChartRejectsBadValues(t *testing.T) {
 	dir := t.TempDir()
+	// Each case over the ci defaults, which set the token (but for "no token").
 	for name, tc := range map[string]struct{ values, want string }{
 		// values.schema.json catches these before the templates do.
 		"bare off":    {"roles:\n  decode:\n    forceFailMode: off\n", `/roles/decode/forceFailMode': value must be one of 'off', 'dry-run', 'auto'`},
@@ -372,12 +537,17 @@ func TestChartRejectsBadValues(t *testing.T) {
 			"roles:\n  prefill:\n    prefillWatchdog:\n      enabled: true\n      networks: [10.0.0.0/8]\n", "prefillWatchdog is for decode roles",
 		},
 		"unknown rule file": {"prometheusRule:\n  ruleFiles:\n    watchdgo: true\n", "the chart has no files/rules/watchdgo.rules.yml"},
+		// Never a token made up per render: GitOps renders again at every sync.
+		"no token":              {"token:\n  value: \"\"\n", "the plugin token is not set"},
+		"unknown alert":         {"prometheusRule:\n  disabledAlerts: [SGLangWatchdogAbsnet]\n", "no enabled rule file has an alert SGLangWatchdogAbsnet"},
+		"host network guard":    {"hostNetwork: true\nnetworkPolicy:\n  enabled: true\n", "a NetworkPolicy does not apply to pods on the node's network"},
+		"interval of two units": {"restart:\n  minInterval: 1h30m\n", "/restart/minInterval"},
 	} {
 		f := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
 		if err := os.WriteFile(f, []byte(tc.values), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		_, err := helmTemplate(t, "-f", f)
+		_, err := helmTemplate(t, "-f", chartCases[0].values(), "-f", f)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: helm template error %v, want one containing %q", name, err, tc.want)
 		}

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,24 +10,41 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// The Go API modules of LeaderWorkerSet and RoleBasedGroup are not
-// available here, so these mirror the fields the examples use (names and
-// shapes from leaderworkerset.x-k8s.io/v1 and workloads.x-k8s.io/v1alpha1);
-// the pod templates they embed are the real core/v1 types, so strict
-// decoding checks every pod field.
+// The Go API modules of LeaderWorkerSet, DisaggregatedSet and
+// RoleBasedGroup are not available here, so these mirror the fields the
+// examples use (names and shapes from leaderworkerset.x-k8s.io/v1,
+// disaggregatedset.x-k8s.io/v1 and workloads.x-k8s.io/v1alpha1); the pod
+// templates they embed are the real core/v1 types, so strict decoding
+// checks every pod field.
+
+type leaderWorkerSetSpec struct {
+	Replicas             *int32 `json:"replicas,omitempty"`
+	StartupPolicy        string `json:"startupPolicy,omitempty"`
+	LeaderWorkerTemplate struct {
+		Size           *int32                  `json:"size,omitempty"`
+		RestartPolicy  string                  `json:"restartPolicy,omitempty"`
+		LeaderTemplate *corev1.PodTemplateSpec `json:"leaderTemplate,omitempty"`
+		WorkerTemplate corev1.PodTemplateSpec  `json:"workerTemplate"`
+	} `json:"leaderWorkerTemplate"`
+}
 
 type leaderWorkerSet struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata"`
+	Spec              leaderWorkerSetSpec `json:"spec"`
+}
+
+// disaggregatedSet: one LeaderWorkerSet template per role
+// (DisaggregatedRoleSpec inlines LeaderWorkerSetTemplateSpec).
+type disaggregatedSet struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
-		Replicas             *int32 `json:"replicas,omitempty"`
-		StartupPolicy        string `json:"startupPolicy,omitempty"`
-		LeaderWorkerTemplate struct {
-			Size           *int32                  `json:"size,omitempty"`
-			RestartPolicy  string                  `json:"restartPolicy,omitempty"`
-			LeaderTemplate *corev1.PodTemplateSpec `json:"leaderTemplate,omitempty"`
-			WorkerTemplate corev1.PodTemplateSpec  `json:"workerTemplate"`
-		} `json:"leaderWorkerTemplate"`
+		Roles []struct {
+			Name     string              `json:"name"`
+			Metadata *metav1.ObjectMeta  `json:"metadata,omitempty"`
+			Spec     leaderWorkerSetSpec `json:"spec"`
+		} `json:"roles"`
 	} `json:"spec"`
 }
 
@@ -51,29 +69,62 @@ type roleBasedGroup struct {
 type podTemplate struct {
 	name string
 	tmpl corev1.PodTemplateSpec
+	// nodes is the pods of one SGLang server (an LWS group's size);
+	// nodeRank is this template's --node-rank: 0 for a leader, 1 for an LWS
+	// worker (the test refuses worker sidecars in groups of more than two,
+	// whose workers differ in their ranks).
+	nodes, nodeRank int
+	hostNetwork     bool
+}
+
+// examples lists the example files; hostNetwork: their SGLang pods run on
+// the node's network.
+var examples = []struct {
+	file        string
+	hostNetwork bool
+}{
+	{"deploy/examples/leaderworkerset/sglang-pd.yaml", false},
+	{"deploy/examples/rolebasedgroup/sglang-pd.yaml", false},
+	{"deploy/examples/disaggregatedset/sglang-pd.yaml", true},
 }
 
 func loadExamples(t *testing.T) []podTemplate {
 	t.Helper()
 	var out []podTemplate
-	for _, f := range []string{"deploy/examples/leaderworkerset/sglang-pd.yaml", "deploy/examples/rolebasedgroup/sglang-pd.yaml"} {
+	lws := func(f, name string, spec leaderWorkerSetSpec, hostNetwork bool) {
+		lt := spec.LeaderWorkerTemplate
+		if lt.Size == nil || *lt.Size < 1 {
+			t.Errorf("%s: LeaderWorkerSet %s needs a size", f, name)
+			return
+		}
+		size := int(*lt.Size)
+		if lt.LeaderTemplate != nil {
+			out = append(out, podTemplate{f + " " + name + " leader", *lt.LeaderTemplate, size, 0, hostNetwork})
+		}
+		// Without a leader template, the leader runs the worker template.
+		rank := 0
+		if lt.LeaderTemplate != nil {
+			rank = 1
+		}
+		out = append(out, podTemplate{f + " " + name + " worker", lt.WorkerTemplate, size, rank, hostNetwork})
+	}
+	for _, e := range examples {
+		f := e.file
 		docs, err := splitDocs(f, readRepoFile(t, f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		o := decodeAll(t, docs)
-		if len(o.leaderWorkerSet)+len(o.roleBasedGroups) == 0 {
-			t.Errorf("%s: no LeaderWorkerSet or RoleBasedGroup", f)
+		if len(o.leaderWorkerSet)+len(o.roleBasedGroups)+len(o.disaggSets) == 0 {
+			t.Errorf("%s: no LeaderWorkerSet, DisaggregatedSet or RoleBasedGroup", f)
 		}
 		for _, l := range o.leaderWorkerSet {
-			lt := l.Spec.LeaderWorkerTemplate
-			if lt.Size == nil || *lt.Size < 1 {
-				t.Errorf("%s: LeaderWorkerSet %s needs a size", f, l.Name)
+			lws(f, l.Name, l.Spec, e.hostNetwork)
+		}
+		for _, d := range o.disaggSets {
+			for _, r := range d.Spec.Roles {
+				lws(f, d.Name+" role "+r.Name, r.Spec, e.hostNetwork)
 			}
-			if lt.LeaderTemplate != nil {
-				out = append(out, podTemplate{f + " " + l.Name + " leader", *lt.LeaderTemplate})
-			}
-			out = append(out, podTemplate{f + " " + l.Name + " worker", lt.WorkerTemplate})
 		}
 		for _, g := range o.roleBasedGroups {
 			for _, r := range g.Spec.Roles {
@@ -81,7 +132,7 @@ func loadExamples(t *testing.T) []podTemplate {
 					t.Errorf("%s: role %s has no template", f, r.Name)
 					continue
 				}
-				out = append(out, podTemplate{f + " " + g.Name + " role " + r.Name, *r.Template})
+				out = append(out, podTemplate{f + " " + g.Name + " role " + r.Name, *r.Template, 1, 0, e.hostNetwork})
 			}
 		}
 	}
@@ -111,23 +162,65 @@ func intFlag(t *testing.T, name string, args []string, flag string, def int) int
 	return n
 }
 
+// leadRanks returns the plugin ports of the ranks that lead their
+// attention-TP group on one pod of an SGLang server: without DP attention,
+// the dp_size * pp_size leaders all sit on node rank 0 (tp_rank 0 of each
+// DP replica); with DP attention, node n runs TP ranks
+// tp_size/nnodes * n onwards and dp_rank = tp_rank / (tp_size/dp_size)
+// (SGLang v0.5.18, managers/data_parallel_controller.py), each on
+// 28100 + dp_rank * pp_size + pp_rank.
+func leadRanks(t *testing.T, p podTemplate, args []string) (first, count int) {
+	t.Helper()
+	dp := intFlag(t, p.name, args, "dp-size", 1)
+	pp := intFlag(t, p.name, args, "pp-size", 1)
+	if !containsArg(args, "--enable-dp-attention") {
+		if p.nodeRank != 0 {
+			return 0, 0
+		}
+		return 28100, dp * pp
+	}
+	tp := intFlag(t, p.name, args, "tp-size", 1)
+	if pp != 1 {
+		t.Fatalf("%s: the test knows DP attention layouts with pp_size 1 only", p.name)
+	}
+	attnTP, perNode := tp/dp, tp/p.nodes
+	if perNode < attnTP {
+		t.Fatalf("%s: an attention-TP group spans nodes", p.name)
+	}
+	return 28100 + p.nodeRank*perNode/attnTP, perNode / attnTP
+}
+
 // TestExamplesRunTheWatchdogWhereSGLangServes checks every pod template:
-// the pod that runs SGLang's HTTP server (--port) carries the sidecar,
-// which reads one plugin listener per rank with the token, prefill and
-// decode alike; pods without the server (LWS workers, the router) carry
-// none. The pods carry the labels the chart's PodMonitors select.
+// every pod that runs a scheduler leading its attention-TP group carries
+// the sidecar, which reads exactly that pod's plugin listeners with the
+// token, prefill and decode alike, and SGLang's /metrics where the HTTP
+// server (--port) runs; pods without such schedulers (LWS workers without
+// DP attention, the router) carry none. The pods carry the labels the
+// chart's PodMonitors select, and run on the node's network where the
+// example says so.
 func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
-	var prefill, decode int
+	var prefill, decode, workers int
 	for _, p := range loadExamples(t) {
 		spec := p.tmpl.Spec
 		s, isSGLang := sglangServer(spec)
 		_, hasSidecar := findSidecar(t, p.name, spec)
 		serves := isSGLang && len(flagValues(s.Args, "port")) == 1
-		if !serves {
+		var first, ranks int
+		if isSGLang {
+			first, ranks = leadRanks(t, p, s.Args)
+			checkHostNetwork(t, p.name, spec, p.hostNetwork)
+		}
+		if ranks == 0 {
 			if hasSidecar {
-				t.Errorf("%s: a pod without SGLang's HTTP server carries the watchdog", p.name)
+				t.Errorf("%s: a pod without a scheduler that leads its attention-TP group carries the watchdog", p.name)
 			}
 			continue
+		}
+		if !serves {
+			if p.nodes > 2 {
+				t.Errorf("%s: one worker template for %d nodes cannot name each worker's ranks", p.name, p.nodes)
+			}
+			workers++
 		}
 		mode := flagValues(s.Args, "disaggregation-mode")
 		if len(mode) != 1 || (mode[0] != "prefill" && mode[0] != "decode") {
@@ -140,13 +233,12 @@ func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 		if !containsArg(s.Args, "--enable-metrics") {
 			t.Errorf("%s: SGLang needs --enable-metrics", p.name)
 		}
-		// Both roles: ranks on this pod are the attention-TP leaders of
-		// dp_size * pp_size (the examples keep every leader on the pod with
-		// the server), watched in dry-run; restarts stay off.
+		// Both roles: the attention-TP leaders on this pod, watched in
+		// dry-run; restarts stay off.
 		want := sidecarWant{
 			mode:       "dry-run",
-			pluginBase: 30100,
-			ranks:      intFlag(t, p.name, s.Args, "dp-size", 1) * intFlag(t, p.name, s.Args, "pp-size", 1),
+			pluginBase: first,
+			ranks:      ranks,
 			secretName: "sglang-watchdog-plugin-token",
 		}
 		if !hasEnv(s, "SGLANG_PLUGINS", "sglang_watchdog") {
@@ -158,13 +250,18 @@ func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 			decode++
 		}
 		checkSidecar(t, p.name, spec, want)
-		if u := flagValues(findArgs(t, p.name, spec), "sglang.metrics-url"); len(u) != 1 || !strings.HasSuffix(u[0], ":"+flagValues(s.Args, "port")[0]+"/metrics") {
+		u := flagValues(findArgs(t, p.name, spec), "sglang.metrics-url")
+		switch {
+		case serves && (len(u) != 1 || !strings.HasSuffix(u[0], ":"+flagValues(s.Args, "port")[0]+"/metrics")):
 			t.Errorf("%s: --sglang.metrics-url %q does not read SGLang's --port", p.name, u)
+		case !serves && !reflect.DeepEqual(u, []string{""}):
+			t.Errorf("%s: --sglang.metrics-url %q on a pod without SGLang's HTTP server; want it empty", p.name, u)
 		}
 	}
-	// Both examples deploy both roles.
-	if prefill != 2 || decode != 2 {
-		t.Errorf("want a prefill and a decode server in each of the two examples, have %d prefill and %d decode", prefill, decode)
+	// Every example deploys both roles; the DisaggregatedSet's decode
+	// worker runs a sidecar of its own (DP attention over two nodes).
+	if n := len(examples); prefill != n || decode != n+1 || workers != 1 {
+		t.Errorf("want a prefill and a decode server in each of the %d examples and one DP-attention worker, have %d prefill, %d decode and %d worker sidecars", n, prefill, decode, workers)
 	}
 }
 

@@ -242,10 +242,10 @@ patches:
     patch: |-
       - op: add
         path: /spec/template/spec/initContainers/0/args/5
-        value: --plugin.url=http://127.0.0.1:30102
+        value: --plugin.url=http://127.0.0.1:28102
       - op: add
         path: /spec/template/spec/initContainers/0/args/6
-        value: --plugin.url=http://127.0.0.1:30103
+        value: --plugin.url=http://127.0.0.1:28103
 `, map[string]any{"prefill.yaml": prefill})
 	docs, err := splitDocs("kustomize build", out)
 	if err != nil {
@@ -256,7 +256,7 @@ patches:
 		t.Fatalf("want one Deployment and one Secret, have %d and %d", len(o.deployments), len(o.secrets))
 	}
 	checkSidecar(t, "4 ranks", o.deployments[0].Spec.Template.Spec, sidecarWant{
-		mode: "dry-run", pluginBase: 30100, ranks: 4, secretName: o.secrets[0].Name,
+		mode: "dry-run", pluginBase: 28100, ranks: 4, secretName: o.secrets[0].Name,
 	})
 }
 
@@ -290,6 +290,6 @@ patches:
 		t.Fatalf("want one Deployment and one Secret, have %d and %d", len(o.deployments), len(o.secrets))
 	}
 	checkSidecar(t, "decode with verdicts", o.deployments[0].Spec.Template.Spec, sidecarWant{
-		mode: "dry-run", pluginBase: 30100, ranks: 2, secretName: o.secrets[0].Name, verdictURL: "http://{host}:9433",
+		mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: o.secrets[0].Name, verdictURL: "http://{host}:9433",
 	})
 }

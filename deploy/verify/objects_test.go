@@ -67,6 +67,7 @@ func decodeStrict(d doc, obj any) error {
 // objects holds decoded objects by kind, in the order they came.
 type objects struct {
 	secrets         []corev1.Secret
+	pods            []corev1.Pod
 	configMaps      []corev1.ConfigMap
 	deployments     []appsv1.Deployment
 	networkPolicies []networkingv1.NetworkPolicy
@@ -74,6 +75,7 @@ type objects struct {
 	prometheusRules []monitoringv1.PrometheusRule
 	leaderWorkerSet []leaderWorkerSet
 	roleBasedGroups []roleBasedGroup
+	disaggSets      []disaggregatedSet
 }
 
 // decodeAll decodes every document strictly into its API type; a kind
@@ -88,6 +90,10 @@ func decodeAll(t *testing.T, docs []doc) objects {
 			var obj corev1.Secret
 			err = decodeStrict(d, &obj)
 			o.secrets = append(o.secrets, obj)
+		case "v1 Pod":
+			var obj corev1.Pod
+			err = decodeStrict(d, &obj)
+			o.pods = append(o.pods, obj)
 		case "v1 ConfigMap":
 			var obj corev1.ConfigMap
 			err = decodeStrict(d, &obj)
@@ -116,6 +122,10 @@ func decodeAll(t *testing.T, docs []doc) objects {
 			var obj roleBasedGroup
 			err = decodeStrict(d, &obj)
 			o.roleBasedGroups = append(o.roleBasedGroups, obj)
+		case "disaggregatedset.x-k8s.io/v1 DisaggregatedSet":
+			var obj disaggregatedSet
+			err = decodeStrict(d, &obj)
+			o.disaggSets = append(o.disaggSets, obj)
 		default:
 			err = fmt.Errorf("%s: no strict decoder for this kind; add one to the test", d)
 		}
@@ -132,6 +142,7 @@ func TestStrictDecodingRejectsUnknownFields(t *testing.T) {
 		"apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nspec:\n  groups:\n  - name: g\n    rules:\n    - alert: A\n      expr: up\n      severity: page\n",
 		"apiVersion: leaderworkerset.x-k8s.io/v1\nkind: LeaderWorkerSet\nspec:\n  leaderWorkerTemplate:\n    workerTemplate:\n      spec:\n        containers:\n        - name: a\n          imagePullPolicies: Always\n",
 		"apiVersion: workloads.x-k8s.io/v1alpha1\nkind: RoleBasedGroup\nspec:\n  roles:\n  - name: a\n    replica: 1\n",
+		"apiVersion: disaggregatedset.x-k8s.io/v1\nkind: DisaggregatedSet\nspec:\n  roles:\n  - name: a\n    spec:\n      leaderWorkerTemplate:\n        sise: 1\n",
 	} {
 		docs, err := splitDocs("inline", []byte(src))
 		if err != nil {
@@ -148,6 +159,8 @@ func TestStrictDecodingRejectsUnknownFields(t *testing.T) {
 				obj = &leaderWorkerSet{}
 			case "RoleBasedGroup":
 				obj = &roleBasedGroup{}
+			case "DisaggregatedSet":
+				obj = &disaggregatedSet{}
 			}
 			if err := decodeStrict(d, obj); err == nil {
 				t.Errorf("%s: an unknown field was accepted", d)

@@ -73,7 +73,8 @@ func TestReadmeHelmCommands(t *testing.T) {
 		t.Fatalf("README's Helm section lacks a helm install or a helm template command: %q", cmds)
 	}
 
-	docs, err := splitDocs("README install", helmIn(t, append([]string{"template"}, install[2:]...)))
+	// helm install sees the cluster's kinds; helm template is told them.
+	docs, err := splitDocs("README install", helmIn(t, append(append([]string{"template"}, install[2:]...), operatorAPIs...)))
 	if err != nil {
 		t.Fatal(err)
 	}

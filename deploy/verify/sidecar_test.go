@@ -25,6 +25,9 @@ type sidecarWant struct {
 	// restart is --restart.mode; "" wants none (and no
 	// SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART in SGLang).
 	restart string
+	// restartSeconds is SGLANG_WATCHDOG_PLUGIN_RESTART_MIN_INTERVAL when
+	// restart is set: the plugin's own floor, the sidecar's interval.
+	restartSeconds string
 	// verdictURL is --decode.prefill-watchdog-url; "" wants none.
 	verdictURL string
 	// httpConfigSecret is the Secret of the verdict lookups' HTTP client
@@ -198,6 +201,54 @@ func hasEnv(c corev1.Container, name, value string) bool {
 	return false
 }
 
+// checkRestartFloor checks that the container that allows restarts keeps
+// the plugin's minimum interval in a directory that outlives it (an
+// emptyDir of the pod), set to the interval the sidecar keeps.
+func checkRestartFloor(t *testing.T, name string, spec corev1.PodSpec, seconds string) {
+	t.Helper()
+	emptyDirs := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.EmptyDir != nil {
+			emptyDirs[v.Name] = true
+		}
+	}
+	for _, c := range spec.Containers {
+		if !hasEnv(c, "SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART", "1") {
+			continue
+		}
+		if !hasEnv(c, "SGLANG_WATCHDOG_PLUGIN_RESTART_MIN_INTERVAL", seconds) {
+			t.Errorf("%s: %s lacks SGLANG_WATCHDOG_PLUGIN_RESTART_MIN_INTERVAL=%s", name, c.Name, seconds)
+		}
+		var dir string
+		for _, e := range c.Env {
+			if e.Name == "SGLANG_WATCHDOG_PLUGIN_STATE_DIR" {
+				dir = e.Value
+			}
+		}
+		kept := false
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == dir && emptyDirs[m.Name] && !m.ReadOnly {
+				kept = true
+			}
+		}
+		if dir == "" || !kept {
+			t.Errorf("%s: %s allows restarts, but SGLANG_WATCHDOG_PLUGIN_STATE_DIR %q is not a writable emptyDir mount", name, c.Name, dir)
+		}
+	}
+}
+
+// checkHostNetwork checks a pod on the node's network: hostNetwork with
+// the DNS policy that keeps cluster names resolving, or neither.
+func checkHostNetwork(t *testing.T, name string, spec corev1.PodSpec, want bool) {
+	t.Helper()
+	if spec.HostNetwork != want {
+		t.Errorf("%s: hostNetwork %v, want %v", name, spec.HostNetwork, want)
+	}
+	if want && spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("%s: hostNetwork with dnsPolicy %q: cluster DNS names would not resolve (want ClusterFirstWithHostNet)", name, spec.DNSPolicy)
+	}
+}
+
 // checkDecodeArgs checks the opt-in parts of a sidecar: restart escalation
 // on both sides, and a decode sidecar's prefill verdict lookups, which ask
 // only inside the prefill networks and carry their client settings.
@@ -220,6 +271,9 @@ func checkDecodeArgs(t *testing.T, name string, spec corev1.PodSpec, c corev1.Co
 	}
 	if allowed != (want.restart != "") {
 		t.Errorf("%s: SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1 is %v, --restart.mode %q: both sides opt in together", name, allowed, want.restart)
+	}
+	if allowed {
+		checkRestartFloor(t, name, spec, want.restartSeconds)
 	}
 	var verdict []string
 	if want.verdictURL != "" {

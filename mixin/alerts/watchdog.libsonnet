@@ -21,6 +21,10 @@ local windows = import '../lib/windows.libsonnet';
     local range(w) = windows.range(w, cfg.scrapeInterval),
     local on(labels) = std.join(', ', [cfg.clusterLabel] + labels),
     local up = promql.selector('up', [cfg.watchdogSelector]),
+    // Every rule selects the watchdog's job too: other jobs may export
+    // sglang_watchdog_* (a federation, a second install under another job).
+    local sel(metric, matchers=[]) = promql.selector(metric, [cfg.watchdogSelector] + matchers),
+    local inc(metric, matchers, window) = 'increase(%s[%s]) > 0' % [sel(metric, matchers), range(window)],
 
     groups+: [{
       name: 'sglang-watchdog',
@@ -50,7 +54,7 @@ local windows = import '../lib/windows.libsonnet';
           // --watchdog.stall-window (30s) before it counts a request as stuck;
           // `for` only rides out one cycle in which auto mode or the webhook
           // releases it. Decode requests have their own alert below.
-          expr: 'sglang_watchdog_stuck_requests{role!="decode"} > 0',
+          expr: sel('sglang_watchdog_stuck_requests', ['role!="decode"']) + ' > 0',
           'for': '1m',
           labels: { severity: 'critical' },
           annotations: {
@@ -73,7 +77,7 @@ local windows = import '../lib/windows.libsonnet';
           // leaves both their time and pages only for what outlives them: a
           // request SGLang never times out (Mooncake Transferring) holds its
           // slot and KV pages for ever.
-          expr: 'sglang_watchdog_stuck_requests{role="decode"} > 0',
+          expr: sel('sglang_watchdog_stuck_requests', ['role="decode"']) + ' > 0',
           'for': '5m',
           labels: { severity: 'critical' },
           annotations: {
@@ -88,7 +92,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogSchedulerWedged',
-          expr: 'sglang_watchdog_scheduler_wedged == 1',
+          expr: sel('sglang_watchdog_scheduler_wedged') + ' == 1',
           'for': '1m',
           labels: { severity: 'critical' },
           annotations: {
@@ -107,7 +111,7 @@ local windows = import '../lib/windows.libsonnet';
           // room with a transfer in flight, or an orphaned transfer on a queue
           // that does not move) or suspected (older plugin). `for` rides out a
           // restart escalation (--restart.mode).
-          expr: 'sglang_watchdog_transfer_wedged == 1',
+          expr: sel('sglang_watchdog_transfer_wedged') + ' == 1',
           'for': '1m',
           labels: { severity: 'critical' },
           annotations: {
@@ -126,7 +130,7 @@ local windows = import '../lib/windows.libsonnet';
           // Every restart escalation is alerted on, whatever its result:
           // restarted (the plugin ended the server), or refused/failed (the
           // wedge is still there).
-          expr: 'increase(sglang_watchdog_restarts_total{result!="would_restart"}[%s]) > 0' % range('30m'),
+          expr: inc('sglang_watchdog_restarts_total', ['result!="would_restart"'], '30m'),
           labels: { severity: 'warning' },
           annotations: {
             summary: 'The watchdog asked the SGLang plugin to restart a server with a wedged transfer worker.',
@@ -140,7 +144,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogRankCollision',
-          expr: 'sglang_watchdog_rank_targets > 1',
+          expr: sel('sglang_watchdog_rank_targets') + ' > 1',
           'for': '5m',
           labels: { severity: 'warning' },
           annotations: {
@@ -155,7 +159,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogStuckUnactionable',
-          expr: 'sglang_watchdog_stuck_unactionable_requests > 0',
+          expr: sel('sglang_watchdog_stuck_unactionable_requests') + ' > 0',
           'for': '10m',
           labels: { severity: 'warning' },
           annotations: {
@@ -177,10 +181,15 @@ local windows = import '../lib/windows.libsonnet';
           // the plugin already reports a stuck request or a wedged loop are left
           // to those (critical) alerts.
           expr: |||
-            sglang_watchdog_queue_pinned == 1
-            unless on (%(on)s) (sglang_watchdog_stuck_requests > 0)
-            unless on (%(on)s) (sglang_watchdog_scheduler_wedged == 1)
-          ||| % { on: on(['instance', 'dp_rank', 'pp_rank']) },
+            %(pinned)s == 1
+            unless on (%(on)s) (%(stuck)s > 0)
+            unless on (%(on)s) (%(wedged)s == 1)
+          ||| % {
+            on: on(['instance', 'dp_rank', 'pp_rank']),
+            pinned: sel('sglang_watchdog_queue_pinned'),
+            stuck: sel('sglang_watchdog_stuck_requests'),
+            wedged: sel('sglang_watchdog_scheduler_wedged'),
+          },
           'for': '5m',
           labels: { severity: 'warning' },
           annotations: {
@@ -199,7 +208,7 @@ local windows = import '../lib/windows.libsonnet';
           // started. Failed lookups (no --decode.prefill-watchdog-url, a host
           // outside --decode.prefill-networks, the peer unreachable or refusing)
           // leave every such request to SGLang's own timeout.
-          expr: 'increase(sglang_watchdog_prefill_verdict_lookups_total{verdict="error"}[%s]) > 0' % range('15m'),
+          expr: inc('sglang_watchdog_prefill_verdict_lookups_total', ['verdict="error"'], '15m'),
           'for': '15m',
           labels: { severity: 'warning' },
           annotations: {
@@ -213,7 +222,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogForceFailFailing',
-          expr: 'increase(sglang_watchdog_force_fails_total{result=~"error|rejected|not_found"}[%s]) > 0' % range('10m'),
+          expr: inc('sglang_watchdog_force_fails_total', ['result=~"error|rejected|not_found"'], '10m'),
           labels: { severity: 'warning' },
           annotations: {
             summary: "The watchdog's force-fail calls to the SGLang plugin are failing.",
@@ -226,7 +235,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogForceFailUnconfirmed',
-          expr: 'increase(sglang_watchdog_force_fails_total{result="unconfirmed"}[%s]) > 0' % range('15m'),
+          expr: inc('sglang_watchdog_force_fails_total', ['result="unconfirmed"'], '15m'),
           labels: { severity: 'warning' },
           annotations: {
             summary: 'A force-failed SGLang request was not seen to be released.',
@@ -240,7 +249,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogForceFailRateLimited',
-          expr: 'increase(sglang_watchdog_force_fail_skips_total{reason="rate_limited"}[%s]) > 0' % range('15m'),
+          expr: inc('sglang_watchdog_force_fail_skips_total', ['reason="rate_limited"'], '15m'),
           labels: { severity: 'warning' },
           annotations: {
             summary: 'Stuck SGLang requests were left in place by the force-fail rate limit.',
@@ -254,7 +263,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogRoomLimitHit',
-          expr: 'increase(sglang_watchdog_room_limit_hits_total[%s]) > 0' % range('15m'),
+          expr: inc('sglang_watchdog_room_limit_hits_total', [], '15m'),
           labels: { severity: 'warning' },
           annotations: {
             summary: 'The watchdog saw more inflight rooms than it may track.',
@@ -268,7 +277,7 @@ local windows = import '../lib/windows.libsonnet';
         {
           alert: 'SGLangWatchdogSGLangScrapeFailing',
           // 10m rides out an SGLang restart (model load) without a ticket.
-          expr: 'sglang_watchdog_scrape_success{source="metrics"} == 0',
+          expr: sel('sglang_watchdog_scrape_success', ['source="metrics"']) + ' == 0',
           'for': '10m',
           labels: { severity: 'warning' },
           annotations: {
@@ -281,7 +290,7 @@ local windows = import '../lib/windows.libsonnet';
         },
         {
           alert: 'SGLangWatchdogPluginScrapeFailing',
-          expr: 'sglang_watchdog_scrape_success{source="plugin"} == 0',
+          expr: sel('sglang_watchdog_scrape_success', ['source="plugin"']) + ' == 0',
           'for': '10m',
           labels: { severity: 'warning' },
           annotations: {
@@ -289,7 +298,9 @@ local windows = import '../lib/windows.libsonnet';
             description: promql.oneLine(|||
               {{ $labels.instance }} has failed to read the plugin listing at
               {{ $labels.target }} for 10 minutes; stuck requests and wedged schedulers on
-              that rank cannot be detected or released.
+              that rank cannot be detected or released. A scheduler log line "plugin cannot
+              listen on ... port" means another process holds the plugin's port
+              (docs/deployment.md, Ports).
             |||),
           },
         },
@@ -316,8 +327,8 @@ local windows = import '../lib/windows.libsonnet';
           annotations: {
             summary: 'No sglang-watchdog is being scraped successfully.',
             description: promql.oneLine(|||
-              No target selected by %s has been up for 10 minutes;
-              stuck SGLang requests are not being watched anywhere.
+              No target selected by %s has been up for 10 minutes{{ with $labels.job }}
+              (job {{ . }}){{ end }}; stuck SGLang requests are not being watched anywhere.
             ||| % up),
           },
         },

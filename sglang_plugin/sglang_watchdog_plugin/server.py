@@ -22,6 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from .config import admin_allowed, last_restart, record_restart, restart_lock
 from .orders import Outcome, bad_request, unauthorized
 
 logger = logging.getLogger("sglang_watchdog_plugin")
@@ -78,28 +79,44 @@ def start_listener(monitor, config):
     try:
         listener = Listener(monitor, config, port)
     except OSError as e:
+        # Nothing else can report it: this rank serves no listing, and the
+        # watchdog's --plugin.url for it reads sglang_watchdog_scrape_success
+        # {source="plugin"} 0 (alert SGLangWatchdogPluginScrapeFailing).
         logger.error(
-            "sglang-watchdog plugin cannot listen on %s port %d (%s); it stays off for dp_rank=%d pp_rank=%d",
+            "sglang-watchdog plugin cannot listen on %s port %d (%s); it stays off for dp_rank=%d pp_rank=%d. "
+            "Another process holds the port: with SGLANG_WATCHDOG_PLUGIN_PORT inside SGLang's own ports "
+            "(NCCL, DP attention, another server on a hostNetwork node), move it "
+            "(docs/deployment.md, \"Ports\")",
             config.host, port, e, ident.dp_rank, ident.pp_rank,
         )
         return None
+    token, unusable = config.token()
     logger.info(
         "sglang-watchdog plugin listening on %s port %d (dp_rank=%d pp_rank=%d tp_rank=%d backend=%s token=%s)",
         listener.host, listener.port, ident.dp_rank, ident.pp_rank, ident.tp_rank, ident.backend,
-        "set" if config.token is not None else "not set",
+        "set" if token is not None else "not set",
     )
-    if config.admin_allowed and config.token is None:
+    allowed = admin_allowed(config.host, token, unusable)
+    if allowed and token is None:
         logger.warning(
             "sglang-watchdog plugin serves /admin/* on %s without a token: every process that can reach this "
             "address (on loopback, every process in the pod) can force-fail requests; "
             "set SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE to require one",
             config.host,
         )
-    if not config.admin_allowed:
+    if not allowed:
         logger.warning(
-            "sglang-watchdog plugin refuses /admin/* on %s: set a usable SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE "
-            "(a token is required off loopback); /debug/inflight and /healthz stay open",
+            "sglang-watchdog plugin refuses /admin/* on %s until SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE holds a usable "
+            "token (it is read again when it changes; a token is required off loopback); /debug/inflight and "
+            "/healthz stay open",
             config.host,
+        )
+    if config.allow_restart and not config.state_dir:
+        logger.warning(
+            "sglang-watchdog plugin allows restarts but has no SGLANG_WATCHDOG_PLUGIN_STATE_DIR: it cannot keep "
+            "its minimum interval between restarts (%.0f s) across them; mount a volume that outlives the "
+            "container (an emptyDir) and name it there",
+            config.restart_min_interval_s,
         )
     return listener
 
@@ -237,9 +254,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refusal(self, path):
         config = self.config
-        if not config.admin_allowed:
+        token, unusable = config.token()  # per request: a rotated token applies at once
+        if not admin_allowed(config.host, token, unusable):
             return unauthorized("/admin/* is disabled on this listener: it needs a usable token off loopback")
-        if config.token is None:
+        if token is None:
             if path == "/admin/restart":
                 return unauthorized("/admin/restart needs a token: set SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE")
             return None
@@ -248,7 +266,7 @@ class _Handler(BaseHTTPRequestHandler):
             presented = credentials.strip().encode("latin-1")
         except UnicodeEncodeError:
             presented = b""
-        if scheme.lower() != "bearer" or not hmac.compare_digest(presented, config.token):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented, token):
             return unauthorized("missing or wrong bearer token")
         return None
 
@@ -295,6 +313,8 @@ class _Handler(BaseHTTPRequestHandler):
                                              "with SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1"})
         else:
             outcome = monitor.restart(pid, dry_run)
+            if outcome.status in (200, 202):
+                outcome = self._restart_floor(outcome)
         self.close_connection = outcome.status == 202
         self._send_json(outcome.status, self._for_path("/admin/restart", outcome.body))
         if outcome.status != 202:
@@ -307,6 +327,40 @@ class _Handler(BaseHTTPRequestHandler):
         reason = reason if isinstance(reason, str) and reason.strip() else None
         threading.Thread(target=monitor.end_process, args=(reason,), name="sglang-watchdog-plugin-restart",
                          daemon=True).start()
+
+    def _restart_floor(self, outcome):
+        """The plugin's own minimum interval between restarts of this server, kept in the state directory.
+
+        The watchdog keeps --restart.min-interval too, but in its memory: a
+        sidecar that restarts would otherwise restart SGLang again at once.
+        A dry run answers as the real call would, and records nothing.
+        """
+        path = self.config.restart_stamp_path
+        if not path:
+            return outcome
+        try:
+            with restart_lock(path):
+                return self._restart_floor_locked(outcome, path)
+        except OSError as e:
+            # Restarting without the record would lift the floor for the next one.
+            logger.error("sglang-watchdog plugin refuses a restart: cannot use %s (%s)", path, e)
+            return Outcome(500, {"result": "internal_error",
+                                 "error": "cannot record the restart in SGLANG_WATCHDOG_PLUGIN_STATE_DIR"})
+
+    def _restart_floor_locked(self, outcome, path):
+        now = time.time()
+        last = last_restart(path)
+        wait = self.config.restart_min_interval_s - (now - last) if last is not None else 0
+        if wait > 0:
+            logger.warning("sglang-watchdog plugin refuses a restart: the last one was %.0f s ago (minimum interval "
+                           "%.0f s, SGLANG_WATCHDOG_PLUGIN_RESTART_MIN_INTERVAL)", now - last,
+                           self.config.restart_min_interval_s)
+            return Outcome(429, {"result": "too_soon", "retry_after_s": int(wait) + 1,
+                                 "error": f"the last restart of this server was {now - last:.0f} s ago; the plugin "
+                                          f"allows one per {self.config.restart_min_interval_s:.0f} s"})
+        if outcome.status == 202:
+            record_restart(path, now)
+        return outcome
 
     def _content_length(self):
         try:

@@ -9,7 +9,7 @@ import unittest
 from unittest import mock
 
 from sglang_watchdog_plugin import server
-from sglang_watchdog_plugin.config import Config
+from sglang_watchdog_plugin.config import Config, admin_allowed
 
 from . import harness, standins
 
@@ -27,6 +27,7 @@ class HttpTest(unittest.TestCase):
             os.close(fd)
             self.addCleanup(os.unlink, path)
             env["SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE"] = path
+            self.token_path = path
         self.mgr = standins.KVManager()
         self.sender = standins.NixlKVSender(self.mgr, ROOM)
         self.scheduler = standins.NewScheduler()
@@ -136,14 +137,15 @@ class TokenFileTest(unittest.TestCase):
             with mock.patch.dict(os.environ, {"SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": self.token_file(content)}), \
                     self.assertLogs("sglang_watchdog_plugin", "ERROR") as logs:
                 config = Config.from_env()
-            self.assertEqual((config.token, config.token_unusable, config.admin_allowed), (None, True, False), content)
+                token, unusable = config.token()
+            self.assertEqual((token, unusable, admin_allowed(config.host, token, unusable)), (None, True, False), content)
             self.assertIn("whitespace or a control character", logs.output[0])
 
     def test_surrounding_whitespace_and_the_trailing_newline_are_stripped(self):
         for content in (b"SeCrEt-Tok-987\n", b"  SeCrEt-Tok-987\r\n", b"SeCrEt-Tok-987"):
             with mock.patch.dict(os.environ, {"SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE": self.token_file(content)}):
                 config = Config.from_env()
-            self.assertEqual((config.token, config.token_unusable), (b"SeCrEt-Tok-987", False))
+            self.assertEqual(config.token(), (b"SeCrEt-Tok-987", False))
 
 
 class TokenTest(HttpTest):
@@ -270,17 +272,53 @@ class OpenAdminWarningTest(unittest.TestCase):
             self.start(harness.plugin_env(SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE=path))
 
 
+class TokenRotationTest(HttpTest):
+    """The token file is read again when it changes: a rotated Secret applies without restarting SGLang."""
+
+    token = "first-t0ken"
+
+    def rotate(self, content):
+        # As the kubelet updates a Secret volume: a new file swapped in
+        # under the same name (a new inode), never an edit in place.
+        tmp = self.token_path + ".new"
+        with open(tmp, "wb") as f:
+            f.write(content)
+        os.replace(tmp, self.token_path)
+
+    def test_a_rotated_token_applies_to_the_next_request(self):
+        payload = {"rid": "r1", "dry_run": True}
+        self.assertEqual(self.client.force_fail(payload, token="first-t0ken")[0], 200)
+        self.rotate(b"second-t0ken\n")
+        self.assertEqual(self.client.force_fail(payload, token="first-t0ken")[0], 401)
+        self.assertEqual(self.client.force_fail(payload, token="second-t0ken")[0], 200)
+
+    def test_a_broken_rotation_closes_admin_until_the_file_is_fixed(self):
+        payload = {"rid": "r1", "dry_run": True}
+        with self.assertLogs("sglang_watchdog_plugin", "ERROR") as logs:
+            self.rotate(b"")
+            self.assertEqual(self.client.force_fail(payload, token="first-t0ken")[0], 401)
+            self.assertEqual(self.client.force_fail(payload, token="")[0], 401)
+        # One line for the change, not one per request.
+        self.assertEqual(len([line for line in logs.output if "is empty" in line]), 1, logs.output)
+        self.rotate(b"third-t0ken")
+        self.assertEqual(self.client.force_fail(payload, token="third-t0ken")[0], 200)
+
+    def test_an_unchanged_file_is_not_read_again(self):
+        payload = {"rid": "r1", "dry_run": True}
+        with mock.patch("sglang_watchdog_plugin.config._read_token") as read:
+            for _ in range(3):
+                self.assertEqual(self.client.force_fail(payload, token="first-t0ken")[0], 200)
+        read.assert_not_called()
+
+
 class AdminRefusalTest(unittest.TestCase):
     def test_admin_needs_a_token_off_loopback(self):
-        self.assertTrue(Config(host="127.0.0.1").admin_allowed)
-        self.assertTrue(Config(host="127.0.0.2").admin_allowed)
-        self.assertTrue(Config(host="::1").admin_allowed)
-        self.assertTrue(Config(host="localhost").admin_allowed)
-        self.assertFalse(Config(host="0.0.0.0").admin_allowed)
-        self.assertFalse(Config(host="10.1.2.3").admin_allowed)
-        self.assertFalse(Config(host="pod.example").admin_allowed)
-        self.assertTrue(Config(host="0.0.0.0", token=b"t").admin_allowed)
-        self.assertFalse(Config(host="127.0.0.1", token_unusable=True).admin_allowed)
+        for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+            self.assertTrue(admin_allowed(host, None, False), host)
+        for host in ("0.0.0.0", "10.1.2.3", "pod.example"):
+            self.assertFalse(admin_allowed(host, None, False), host)
+        self.assertTrue(admin_allowed("0.0.0.0", b"t", False))
+        self.assertFalse(admin_allowed("127.0.0.1", None, True))
 
     def test_refused_listener_still_serves_the_listing(self):
         # An unusable token file closes /admin/* through the same check as a

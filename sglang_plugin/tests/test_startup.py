@@ -5,7 +5,7 @@ import unittest
 from unittest import mock
 
 import sglang_watchdog_plugin
-from sglang_watchdog_plugin import hook
+from sglang_watchdog_plugin import config, hook
 from sglang_watchdog_plugin.identity import identify
 from sglang_watchdog_plugin.monitor import Monitor
 
@@ -72,8 +72,24 @@ class ListenerPlacementTest(unittest.TestCase):
         self.assertIsNotNone(first)
         s = standins.NewScheduler()
         s.disagg_prefill_inflight_queue = [standins.Req("r", 1, standins.NixlKVSender(standins.KVManager(), 1))]
-        with self.assertLogs("sglang_watchdog_plugin", "ERROR"):
+        with self.assertLogs("sglang_watchdog_plugin", "ERROR") as logs:
             self.assertIsNone(self.run_one_pass(s, harness.plugin_env(SGLANG_WATCHDOG_PLUGIN_PORT=str(base))))
+        # The line names the port, the rank and where to read about SGLang's ports.
+        self.assertIn(f"cannot listen on 127.0.0.1 port {base}", logs.output[0])
+        self.assertIn("dp_rank=0 pp_rank=0", logs.output[0])
+        self.assertIn('docs/deployment.md, "Ports"', logs.output[0])
+
+    def test_default_ports_stay_out_of_sglangs_own(self):
+        # SGLang's ports with its default --port 30000 (docs/deployment.md,
+        # "Ports"): NCCL at --port + 100..1000 (v0.4.6 to v0.5.3), the kernel's
+        # ephemeral range and ZMQ's random ports (v0.5.10 on), DP attention's
+        # --port + 233 and the ports after it, the bootstrap server, and 29500,
+        # the torch.distributed port of SGLang's weight-cache daemon examples.
+        taken = [range(30000, 31001), range(32768, 65536), range(8998, 8999), range(29500, 29501)]
+        ranks = range(config.DEFAULT_BASE_PORT, config.DEFAULT_BASE_PORT + 256)  # dp_size * pp_size up to 256
+        for r in taken:
+            self.assertFalse(set(ranks) & set(r), r)
+        self.assertGreater(config.DEFAULT_BASE_PORT, 1024)
 
     def test_bad_port_setting_leaves_the_scheduler_unhooked(self):
         for value in ("http", "70000"):

@@ -48,6 +48,9 @@ app.kubernetes.io/part-of: sglang-pd
 {{- if eq (int .Values.sidecar.probePort) (int .Values.sidecar.port) -}}
 {{- fail (printf "sidecar.probePort and sidecar.port are both %v; the probe listener needs a port of its own" .Values.sidecar.port) -}}
 {{- end -}}
+{{- if and .Values.hostNetwork .Values.networkPolicy.enabled -}}
+{{- fail "hostNetwork and networkPolicy.enabled: a NetworkPolicy does not apply to pods on the node's network, so it would protect nothing; turn it off and guard the node's ports (the sidecar's port and probePort) another way" -}}
+{{- end -}}
 {{- $out := list -}}
 {{- range $name, $r := .Values.roles -}}
 {{- if $r.enabled -}}
@@ -252,8 +255,23 @@ call with (dict "root" $ "role" "prefill"). */}}
   value: {{ $r.plugin.basePort | quote }}
 {{- if include "sglang-watchdog.restarts" . }}
 # restart.enabled: POST /admin/restart may end this server, losing every
-# request inside it.
+# request inside it. The plugin keeps restart.minInterval itself, with the
+# time of the last restart in the watchdog-state emptyDir, which outlives
+# the container that the restart ends.
 - name: SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART
   value: "1"
+- name: SGLANG_WATCHDOG_PLUGIN_RESTART_MIN_INTERVAL
+  value: {{ include "sglang-watchdog.seconds" .root.Values.restart.minInterval | quote }}
+- name: SGLANG_WATCHDOG_PLUGIN_STATE_DIR
+  value: {{ include "sglang-watchdog.stateDir" .root }}
 {{- end }}
+{{- end -}}
+
+{{- define "sglang-watchdog.stateDir" -}}/var/run/sglang-watchdog-state{{- end -}}
+
+{{/* A duration of one unit (s, m or h; values.schema.json) in seconds. */}}
+{{- define "sglang-watchdog.seconds" -}}
+{{- $d := toString . -}}
+{{- $n := int (trimSuffix "s" (trimSuffix "m" (trimSuffix "h" $d))) -}}
+{{- if hasSuffix "h" $d -}}{{ mul $n 3600 }}{{- else if hasSuffix "m" $d -}}{{ mul $n 60 }}{{- else -}}{{ $n }}{{- end -}}
 {{- end -}}
