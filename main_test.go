@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -89,14 +90,14 @@ func TestReadmeDocumentsEveryFlagAndMetric(t *testing.T) {
 // sidecar is configured with, including a repeatable flag, and that the
 // command line wins.
 func TestFlagsFromEnvironment(t *testing.T) {
-	t.Setenv("SGLANG_WATCHDOG_PLUGIN_URL", "http://127.0.0.1:30100\nhttp://127.0.0.1:30101")
+	t.Setenv("SGLANG_WATCHDOG_PLUGIN_URL", "http://127.0.0.1:28100\nhttp://127.0.0.1:28101")
 	t.Setenv("SGLANG_WATCHDOG_FORCE_FAIL_MODE", "auto")
 	t.Setenv("SGLANG_WATCHDOG_WATCHDOG_DEADLINE", "90s")
 	var o options
 	if _, err := newApp(&o).Parse([]string{"run", "--watchdog.deadline=2m"}); err != nil {
 		t.Fatal(err)
 	}
-	if len(o.pluginURLs) != 2 || o.pluginURLs[1] != "http://127.0.0.1:30101" {
+	if len(o.pluginURLs) != 2 || o.pluginURLs[1] != "http://127.0.0.1:28101" {
 		t.Errorf("plugin URLs from the environment: %q", o.pluginURLs)
 	}
 	if o.watch.Mode != "auto" {
@@ -138,5 +139,26 @@ func TestDocsStandAlone(t *testing.T) {
 				t.Errorf("%s points outside the repository (%q): state the fact with its SGLang file and release", f, bad)
 			}
 		}
+	}
+}
+
+// TestForceFailDefaultURLIsPluginDefault: force-fail without --plugin.url
+// talks to rank 0 of a plugin on its default port, so the two defaults must
+// move together (the plugin's moved from 30100 to 28100 in issue 19).
+func TestForceFailDefaultURLIsPluginDefault(t *testing.T) {
+	src, err := os.ReadFile("sglang_plugin/sglang_watchdog_plugin/config.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^DEFAULT_BASE_PORT = (\d+)$`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("config.py has no DEFAULT_BASE_PORT line")
+	}
+	var o options
+	if _, err := newApp(&o).Parse([]string{"force-fail", "--rid=x"}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "http://127.0.0.1:" + string(m[1]); len(o.ffURLs) != 1 || o.ffURLs[0] != want {
+		t.Errorf("force-fail's default --plugin.url is %q; the plugin's default port gives %q", o.ffURLs, want)
 	}
 }

@@ -64,18 +64,18 @@ func TestTokensComeOnlyFromFiles(t *testing.T) {
 // refused. Nothing here opens a connection.
 func TestRemoteURLsNeedAllowRemote(t *testing.T) {
 	loopbackOK := []string{
-		"http://127.0.0.1:30100", "http://127.0.0.2:1", "http://localhost:30100", "http://LOCALHOST:30100",
-		"http://[::1]:30100", "https://127.0.0.1:30100", "http://[::ffff:127.0.0.1]:30100",
+		"http://127.0.0.1:28100", "http://127.0.0.2:1", "http://localhost:28100", "http://LOCALHOST:28100",
+		"http://[::1]:28100", "https://127.0.0.1:28100", "http://[::ffff:127.0.0.1]:28100",
 	}
 	remote := []string{
-		"http://10.0.0.7:30100", "http://192.0.2.1", "http://example.com:30100",
-		"http://localhost.example.com:30100", "http://127.0.0.1.nip.io:30100",
-		"http://127.0.0.1@192.0.2.1:30100",  // userinfo: the host is 192.0.2.1
-		"http://192.0.2.1#@127.0.0.1:30100", // fragment: the host is 192.0.2.1
-		"http://[::ffff:192.0.2.1]:30100",
-		"http://0.0.0.0:30100", "http://2130706433:30100", "http://0x7f000001:30100", "http://127.1:30100",
+		"http://10.0.0.7:28100", "http://192.0.2.1", "http://example.com:28100",
+		"http://localhost.example.com:28100", "http://127.0.0.1.nip.io:28100",
+		"http://127.0.0.1@192.0.2.1:28100",  // userinfo: the host is 192.0.2.1
+		"http://192.0.2.1#@127.0.0.1:28100", // fragment: the host is 192.0.2.1
+		"http://[::ffff:192.0.2.1]:28100",
+		"http://0.0.0.0:28100", "http://2130706433:28100", "http://0x7f000001:28100", "http://127.1:28100",
 	}
-	never := []string{"ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1:30100", "", "unix:///run/sglang.sock"}
+	never := []string{"ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1:28100", "", "unix:///run/sglang.sock"}
 
 	for _, u := range loopbackOK {
 		if err := runconfig.CheckURLs(false, u); err != nil {
@@ -101,7 +101,7 @@ func TestRemoteURLsNeedAllowRemote(t *testing.T) {
 
 	// Wired into every command, for plugin and SGLang URLs alike.
 	for _, args := range [][]string{
-		{"--plugin.url=http://192.0.2.1:30100"},
+		{"--plugin.url=http://192.0.2.1:28100"},
 		{"--sglang.metrics-url=http://192.0.2.1:30000/metrics"},
 	} {
 		var o options
@@ -117,8 +117,8 @@ func TestRemoteURLsNeedAllowRemote(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"inflight", "--plugin.url=http://192.0.2.1:30100"},
-		{"force-fail", "--rid=x", "--plugin.url=http://192.0.2.1:30100"},
+		{"inflight", "--plugin.url=http://192.0.2.1:28100"},
+		{"force-fail", "--rid=x", "--plugin.url=http://192.0.2.1:28100"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "allow-remote") {
@@ -237,7 +237,7 @@ func TestOwnEndpointsMutateNothing(t *testing.T) {
 // branch only checks the scheme prefix, so a URL without a host is
 // accepted and fails on every read instead of at start.
 func TestAllowRemoteStillValidatesURLs(t *testing.T) {
-	for _, u := range []string{"http://", "http://:30100", "https:///metrics", "http://exa mple.com"} {
+	for _, u := range []string{"http://", "http://:28100", "https:///metrics", "http://exa mple.com"} {
 		if err := runconfig.CheckURLs(true, u); err == nil {
 			t.Errorf("%q accepted with --plugin.allow-remote", u)
 		}
@@ -299,7 +299,7 @@ func TestConfigErrorsAreClear(t *testing.T) {
 	}{
 		{[]string{"--plugin.timeout=2s"}, "--plugin.timeout (2s) must be shorter than --watchdog.interval (1s)"},
 		{[]string{"--sglang.timeout=20s"}, "--sglang.timeout (20s) must be shorter"},
-		{[]string{"--plugin.url=http://192.0.2.1:30100"}, "not a loopback address"},
+		{[]string{"--plugin.url=http://192.0.2.1:28100"}, "not a loopback address"},
 		{[]string{"--plugin.token-file=/nonexistent/token"}, "reading token file"},
 	} {
 		var o options

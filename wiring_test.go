@@ -135,14 +135,14 @@ func TestTimeoutDefaultsFollowTheirInterval(t *testing.T) {
 // ranks are not.
 func TestDuplicatePluginURLsAreRefused(t *testing.T) {
 	for _, pair := range [][2]string{
-		{"http://127.0.0.1:30100", "http://127.0.0.1:30100/"},
-		{"http://127.0.0.1:30100", "http://127.0.0.1:30100//"},
-		{"HTTP://LOCALHOST:30100", "http://localhost:30100"},
+		{"http://127.0.0.1:28100", "http://127.0.0.1:28100/"},
+		{"http://127.0.0.1:28100", "http://127.0.0.1:28100//"},
+		{"HTTP://LOCALHOST:28100", "http://localhost:28100"},
 		{"http://127.0.0.1", "http://127.0.0.1:80"},
 		{"https://localhost", "https://localhost:443/"},
-		{"http://127.0.0.1:30100", "http://127.0.0.1:030100"},
-		{"http://[::1]:30100", "http://[0:0:0:0:0:0:0:1]:30100/"},
-		{"http://[::ffff:127.0.0.1]:30100", "http://127.0.0.1:30100"},
+		{"http://127.0.0.1:28100", "http://127.0.0.1:028100"},
+		{"http://[::1]:28100", "http://[0:0:0:0:0:0:0:1]:28100/"},
+		{"http://[::ffff:127.0.0.1]:28100", "http://127.0.0.1:28100"},
 	} {
 		err := configError(t, "--sglang.metrics-url=off", "--plugin.url="+pair[0], "--plugin.url="+pair[1])
 		if err == nil || !strings.Contains(err.Error(), "name the same plugin") {
@@ -154,9 +154,9 @@ func TestDuplicatePluginURLsAreRefused(t *testing.T) {
 		}
 	}
 	for _, pair := range [][2]string{
-		{"http://127.0.0.1:30100", "http://127.0.0.1:30101"},
-		{"http://127.0.0.1:30100", "https://127.0.0.1:30100"},
-		{"http://127.0.0.1:30100/a", "http://127.0.0.1:30100/b"},
+		{"http://127.0.0.1:28100", "http://127.0.0.1:28101"},
+		{"http://127.0.0.1:28100", "https://127.0.0.1:28100"},
+		{"http://127.0.0.1:28100/a", "http://127.0.0.1:28100/b"},
 	} {
 		if err := configError(t, "--sglang.metrics-url=off", "--plugin.url="+pair[0], "--plugin.url="+pair[1]); err != nil {
 			t.Errorf("%q and %q: %v", pair[0], pair[1], err)

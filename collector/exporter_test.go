@@ -54,11 +54,11 @@ func goldenSnapshot() watchdog.Snapshot {
 		Mode: watchdog.ModeAuto,
 		Sources: []watchdog.SourceStatus{
 			{Source: "metrics", Target: "http://127.0.0.1:30000/metrics", Up: true, Duration: 12 * time.Millisecond, Failures: 1},
-			{Source: "plugin", Target: "http://127.0.0.1:30100", Up: true, Duration: 2 * time.Millisecond},
-			{Source: "plugin", Target: "http://127.0.0.1:30101", Up: false, Duration: 800 * time.Millisecond, Failures: 4},
+			{Source: "plugin", Target: "http://127.0.0.1:28100", Up: true, Duration: 2 * time.Millisecond},
+			{Source: "plugin", Target: "http://127.0.0.1:28101", Up: false, Duration: 800 * time.Millisecond, Failures: 4},
 		},
 		Ranks: []watchdog.RankSnapshot{{
-			Target: "http://127.0.0.1:30100", Role: watchdog.RolePrefill, TransferWedged: true, TransferWedges: 1,
+			Target: "http://127.0.0.1:28100", Role: watchdog.RolePrefill, TransferWedged: true, TransferWedges: 1,
 			Unactionable: map[string]int{watchdog.SkipSourceDown: 1, watchdog.SkipUnsupported: 0, watchdog.SkipTransferLive: 0},
 			DPRank:       0, PPRank: 0, TPRank: 0,
 			Queues: pluginapi.Queues{Bootstrap: 2, Waiting: 0, Inflight: 3},
@@ -135,7 +135,7 @@ func TestExporterNeverHidesACollidingRank(t *testing.T) {
 	snap := goldenSnapshot()
 	snap.Ranks = snap.Ranks[:1]
 	second := snap.Ranks[0]
-	second.Target = "http://127.0.0.1:30101"
+	second.Target = "http://127.0.0.1:28101"
 	second.Stuck, second.TransferWedged, second.OldestAge = 2, false, 900
 	second.ByPoll = map[string]int{pluginapi.PollTransferring: 2}
 	snap.Ranks[0].Stuck = 0

@@ -386,7 +386,7 @@ func TestInflightAndForceFailCommands(t *testing.T) {
 			t.Errorf("%v: exit %d, output %q %q; want exit %d and %q", tc.args, code, out, errb, tc.code, tc.want)
 		}
 	}
-	if code, _, errb := runBinary(t, "force-fail", "--rid=x", "--plugin.url=http://10.1.2.3:30100"); code != 2 || !strings.Contains(errb, "not a loopback") {
+	if code, _, errb := runBinary(t, "force-fail", "--rid=x", "--plugin.url=http://10.1.2.3:28100"); code != 2 || !strings.Contains(errb, "not a loopback") {
 		t.Errorf("a remote plugin URL was accepted: exit %d %s", code, errb)
 	}
 }

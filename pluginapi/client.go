@@ -60,7 +60,7 @@ type Client struct {
 }
 
 // NewClient returns a client for the plugin listening at baseURL
-// (e.g. http://127.0.0.1:30100). The caller checks where baseURL points.
+// (e.g. http://127.0.0.1:28100). The caller checks where baseURL points.
 func NewClient(baseURL string, opts ClientOptions) *Client {
 	maxBody := opts.MaxBodyBytes
 	if maxBody <= 0 {

@@ -142,8 +142,8 @@ func TestErrorsNeverCarryTheToken(t *testing.T) {
 // the proxy variables are read fresh.
 func TestClientIgnoresProxyEnvironment(t *testing.T) {
 	if os.Getenv("HARD_PROXY_CHILD") == "1" {
-		c := NewClient("http://192.0.2.1:30100", ClientOptions{Token: hardToken})
-		req, _ := http.NewRequest(http.MethodPost, "http://192.0.2.1:30100"+PathForceFail, nil)
+		c := NewClient("http://192.0.2.1:28100", ClientOptions{Token: hardToken})
+		req, _ := http.NewRequest(http.MethodPost, "http://192.0.2.1:28100"+PathForceFail, nil)
 		if tr, ok := c.http.Transport.(*http.Transport); ok && tr.Proxy != nil {
 			if u, err := tr.Proxy(req); err == nil && u != nil {
 				fmt.Println("ADMIN-CALL-VIA-PROXY", u.Host)

@@ -11,7 +11,7 @@ import (
 // rank in one cycle, each re-read before its call; the prefill budget and
 // prefill's one lever per rank and cycle are untouched.
 func TestDecodeBudgetApartFromPrefill(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	// Two prefill rooms on one rank reach their deadline with the decode
 	// requests: one lever per prefill rank and cycle, from their budget.
 	p.set(room("p1", 101, 100), room("p2", 102, 100))
@@ -65,7 +65,7 @@ func TestDecodeBudgetApartFromPrefill(t *testing.T) {
 // Prefill's deadline releases keep one lever per rank and cycle even when
 // decode releases run several on a decode rank in the same cycle.
 func TestDecodeBudgetKeepsOneLeverPerPrefillRank(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	d := newFakeDecode("http://127.0.0.1:30200", 0)
 	h := newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil)
 	h.tick(1)

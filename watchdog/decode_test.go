@@ -217,7 +217,7 @@ func dreq(rid string, room uint64, queue, poll string, age float64, started *boo
 }
 
 func TestDecodeRoleFromListing(t *testing.T) {
-	p, d := newFakePlugin("http://127.0.0.1:30100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
+	p, d := newFakePlugin("http://127.0.0.1:28100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
 	h := newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil)
 	h.tick(1)
 	s := h.wd.Snapshot()

@@ -45,7 +45,7 @@ func TestLedgerTTLAndCap(t *testing.T) {
 // decode side asks its own ledger.
 func combined(t *testing.T, prefillRoom pluginapi.Room) (*decodeHarness, *fakePlugin, *fakeDecode) {
 	t.Helper()
-	p, d := newFakePlugin("http://127.0.0.1:30100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
+	p, d := newFakePlugin("http://127.0.0.1:28100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
 	p.server.TransferTracking = boolp(true)
 	p.set(prefillRoom)
 	d.set(dreq(prefillRoom.RID, prefillRoom.BootstrapRoom, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 100, boolp(true)))
@@ -175,7 +175,7 @@ func TestVerdictReasonsNameNoAddress(t *testing.T) {
 // The prefill watchdog serves its verdicts over HTTP; a separate decode
 // watchdog asks it through the real client.
 func TestVerdictOverHTTP(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	p.server.TransferTracking = boolp(true)
 	p.set(r2room("a", 1<<64-1, 0, 0, false))
 	pre := newDecodeHarness(t, []*fakePlugin{p}, nil, nil)

@@ -37,7 +37,7 @@ func wantRestartAfter(t *testing.T, h *multi, p *fakePlugin, wait time.Duration)
 // from the state file. Without the file it would restart at once.
 func TestRestartIntervalSurvivesAWatchdogRestart(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "restart-state.json")
-	first := wedgedRank("http://127.0.0.1:30100", 0, 7)
+	first := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{first}, autoRestart(state))
 	h.tick(31)
 	if first.restartCount() != 1 {
@@ -49,10 +49,10 @@ func TestRestartIntervalSurvivesAWatchdogRestart(t *testing.T) {
 	}
 
 	// The new server wedges again; the watchdog restarted meanwhile.
-	again := wedgedRank("http://127.0.0.1:30100", 0, 8)
+	again := wedgedRank("http://127.0.0.1:28100", 0, 8)
 	wantRestartAfter(t, newMulti(t, []*fakePlugin{again}, autoRestart(state)), again, 30*time.Minute)
 
-	control := wedgedRank("http://127.0.0.1:30100", 0, 9)
+	control := wedgedRank("http://127.0.0.1:28100", 0, 9)
 	h3 := newMulti(t, []*fakePlugin{control}, autoRestart(""))
 	h3.tick(31)
 	if control.restartCount() != 1 {
@@ -68,7 +68,7 @@ func TestRestartStateFileCountsFromTheRecordedTime(t *testing.T) {
 	if err := os.WriteFile(state, []byte(`{"last_restart":"`+at.Format(time.RFC3339Nano)+`","pid":3}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := wedgedRank("http://127.0.0.1:30100", 0, 7)
+	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	wantRestartAfter(t, newMulti(t, []*fakePlugin{p}, autoRestart(state)), p, 5*time.Minute)
 }
 
@@ -82,7 +82,7 @@ func TestRestartStateFileFailsClosed(t *testing.T) {
 			if err := os.WriteFile(state, []byte(content), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			p := wedgedRank("http://127.0.0.1:30100", 0, 7)
+			p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 			wantRestartAfter(t, newMulti(t, []*fakePlugin{p}, autoRestart(state)), p, 30*time.Minute)
 		})
 	}

@@ -96,7 +96,7 @@ func ppStages(dp, pp int) []*fakePlugin {
 	var stages []*fakePlugin
 	flipped := map[string]map[int]bool{}
 	for i := 0; i < pp; i++ {
-		p := newFakePlugin(fmt.Sprintf("http://127.0.0.1:%d", 30100+dp*pp+i), dp)
+		p := newFakePlugin(fmt.Sprintf("http://127.0.0.1:%d", 28100+dp*pp+i), dp)
 		p.server.PPRank, p.server.PPSize, p.server.PID = i, pp, 100+i
 		stages = append(stages, p)
 	}
@@ -333,7 +333,7 @@ func TestEmptyLeversNeverCalls(t *testing.T) {
 // Two ranks flipped in one cycle and both rooms left, but the counter rose
 // by one: one release is confirmed, the other is not.
 func TestOneCounterRiseConfirmsOneRelease(t *testing.T) {
-	a, b := newFakePlugin("http://127.0.0.1:30100", 0), newFakePlugin("http://127.0.0.1:30101", 1)
+	a, b := newFakePlugin("http://127.0.0.1:28100", 0), newFakePlugin("http://127.0.0.1:28101", 1)
 	m := metricsWith(5)
 	h := newMulti(t, []*fakePlugin{a, b}, func(c *Config) { c.Metrics = m })
 	h.wd.ScrapeMetrics(context.Background())
@@ -382,7 +382,7 @@ func TestFlappingSourceIsExposed(t *testing.T) {
 // --- Rank collisions ---------------------------------------------------------
 
 func TestRankCollisionKeepsBothRanks(t *testing.T) {
-	a, b := newFakePlugin("http://127.0.0.1:30100", 0), newFakePlugin("http://127.0.0.1:30101", 0)
+	a, b := newFakePlugin("http://127.0.0.1:28100", 0), newFakePlugin("http://127.0.0.1:28101", 0)
 	b.server.PID = 2
 	h := newMulti(t, []*fakePlugin{a, b}, func(c *Config) { c.Mode = ModeOff })
 	b.set(room("r", 1, 0))
@@ -416,7 +416,7 @@ func wedgeState(h *multi, i int) (bool, uint64) {
 }
 
 func TestWedgeInFlightRoom(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Mode = ModeOff })
 	p.set(r2room("w", 1, 0, 2, true), r2room("idle", 2, 0, 2, false))
 	h.tick(59)
@@ -450,7 +450,7 @@ func TestWedgeInFlightRoom(t *testing.T) {
 }
 
 func TestWedgeOrphanedTransfer(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Mode = ModeOff })
 	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(1), OutstandingChunks: 1}}
 	p.set(r2room("a", 2, 0, 1, false), r2room("other", 3, 0, 0, false))
@@ -465,7 +465,7 @@ func TestWedgeOrphanedTransfer(t *testing.T) {
 }
 
 func TestOrphanOnAMovingQueueIsNoWedge(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Mode = ModeOff })
 	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(1), OutstandingChunks: 1}}
 	p.set(r2room("a", 2, 0, 1, false), r2room("b", 3, 0, 1, false))
@@ -481,7 +481,7 @@ func TestOrphanOnAMovingQueueIsNoWedge(t *testing.T) {
 }
 
 func TestWedgeSuspectedWithAnOlderPlugin(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	p.server.PID = 7
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {
 		c.Mode = ModeOff
@@ -507,7 +507,7 @@ func TestWedgeSuspectedWithAnOlderPlugin(t *testing.T) {
 }
 
 func TestNoWedgeWhileTheLoopStallsOrTheSourceIsDown(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Mode = ModeOff })
 	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(1), OutstandingChunks: 1}}
 	p.set(r2room("a", 2, 0, 1, false), r2room("w", 3, 0, 2, true))
@@ -534,7 +534,7 @@ func TestNoWedgeWhileTheLoopStallsOrTheSourceIsDown(t *testing.T) {
 // failFastRank has a diagnosed wedge on queue 2 (an orphan), then new rooms
 // arrive: behind the wedge, on another queue, in flight, a health check.
 func failFastRank(t *testing.T, mutate func(*Config)) (*multi, *fakePlugin) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	h := newMulti(t, []*fakePlugin{p}, mutate)
 	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
 	p.set(r2room("old", 2, 0, 2, false))
@@ -580,7 +580,7 @@ func TestFailFastOnlyRoomsBehindTheWedge(t *testing.T) {
 }
 
 func TestFailFastNeverAProgressedRoom(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.FailFast, c.FailFastPerMinute = true, 100 })
 	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
 	p.set(r2room("moved", 2, 0, 2, false))
@@ -667,7 +667,7 @@ func wedgedRank(target string, dp, pid int) *fakePlugin {
 }
 
 func TestRestartOffByDefault(t *testing.T) {
-	p := wedgedRank("http://127.0.0.1:30100", 0, 7)
+	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Mode = ModeOff })
 	h.tick(120)
 	if w, _ := wedgeState(h, 0); !w || p.restartCount() != 0 {
@@ -676,7 +676,7 @@ func TestRestartOffByDefault(t *testing.T) {
 }
 
 func TestRestartDryRunOncePerProcess(t *testing.T) {
-	p := wedgedRank("http://127.0.0.1:30100", 0, 7)
+	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Mode = ModeOff; c.RestartMode, c.RestartMinInterval = ModeDryRun, time.Minute })
 	h.tick(300)
 	if p.restartCount() != 1 || !p.restarts[0].DryRun || p.restarts[0].PID != 7 || h.wd.Snapshot().Restarts[RestartWouldRestart] != 1 {
@@ -685,8 +685,8 @@ func TestRestartDryRunOncePerProcess(t *testing.T) {
 }
 
 func TestRestartOncePerPIDAndPerInterval(t *testing.T) {
-	a := wedgedRank("http://127.0.0.1:30100", 0, 7)
-	b := newFakePlugin("http://127.0.0.1:30101", 1)
+	a := wedgedRank("http://127.0.0.1:28100", 0, 7)
+	b := newFakePlugin("http://127.0.0.1:28101", 1)
 	b.server.PID = 8
 	h := newMulti(t, []*fakePlugin{a, b}, func(c *Config) {
 		c.Mode = ModeOff
@@ -718,7 +718,7 @@ func TestRestartOncePerPIDAndPerInterval(t *testing.T) {
 }
 
 func TestRestartSourceDownThenNewProcess(t *testing.T) {
-	p := wedgedRank("http://127.0.0.1:30100", 0, 7)
+	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {
 		c.Mode = ModeAuto
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
@@ -751,7 +751,7 @@ func TestRestartSourceDownThenNewProcess(t *testing.T) {
 }
 
 func TestRestartNeedsTheEvidenceOnReRead(t *testing.T) {
-	p := wedgedRank("http://127.0.0.1:30100", 0, 7)
+	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {
 		c.Mode = ModeOff
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
@@ -791,7 +791,7 @@ func (s *syncBuffer) count(sub string) int {
 
 func TestLoudOnceNoLeverAndMissingStages(t *testing.T) {
 	var logs syncBuffer
-	p := newFakePlugin("http://127.0.0.1:30100", 0)
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
 	p.server.Levers, p.server.LeverNote, p.server.PPSize = []string{}, "mid-2025 NIXL", 2
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.Logger = log.NewLogfmtLogger(&logs) })
 	h.tick(30)

@@ -190,7 +190,7 @@ func testConfig() Config {
 
 func newHarness(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, clk: clock.NewFake(time.Now()), plugin: newFakePlugin("http://127.0.0.1:30100", 0)}
+	h := &harness{t: t, clk: clock.NewFake(time.Now()), plugin: newFakePlugin("http://127.0.0.1:28100", 0)}
 	cfg := testConfig()
 	cfg.Clock = h.clk
 	cfg.Plugins = []PluginSource{h.plugin}
@@ -485,7 +485,7 @@ func TestRateLimit(t *testing.T) {
 	h := newHarness(t, func(c *Config) {
 		c.Plugins = nil
 		for i := 0; i < 8; i++ {
-			p := newFakePlugin(fmt.Sprintf("http://127.0.0.1:%d", 30100+i), i)
+			p := newFakePlugin(fmt.Sprintf("http://127.0.0.1:%d", 28100+i), i)
 			p.set(room(fmt.Sprintf("r%d", i), uint64(i+1), 0))
 			plugins = append(plugins, p)
 			c.Plugins = append(c.Plugins, p)
