@@ -18,7 +18,7 @@ var FS embed.FS
 
 // RunbookBaseURL is where every alert's runbook_url points; the fragment is the
 // alert name in lower case, which is the GitHub anchor of its runbook heading.
-const RunbookBaseURL = "https://github.com/sglang-watchdog/sglang-watchdog/blob/main/docs/runbook.md"
+const RunbookBaseURL = "https://github.com/sglang-watchdog/sglang-watchdog/blob/v0.1.0/docs/runbook.md"
 
 // WatchdogJobSelector is the label matcher that watchdog.rules.yml uses to select
 // the watchdog's scrape job (in SGLangWatchdogDown and SGLangWatchdogAbsent only):

@@ -16,6 +16,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v2"
+
+	"github.com/sglang-watchdog/sglang-watchdog/alerts"
 )
 
 func readRepo(t *testing.T, rel string) string {
@@ -37,9 +39,8 @@ func releaseVersion(t *testing.T) string {
 	return v
 }
 
-// releaseImage is the image repository a release publishes:
-// ghcr.io/<owner>/<name> of .promu.yml's repository.path.
-func releaseImage(t *testing.T) string {
+// releaseRepoPath is .promu.yml's repository.path: github.com/<owner>/<name>.
+func releaseRepoPath(t *testing.T) string {
 	t.Helper()
 	var promu struct {
 		Repository struct {
@@ -53,7 +54,14 @@ func releaseImage(t *testing.T) string {
 	if !ok || strings.Count(owner, "/") != 1 {
 		t.Fatalf(".promu.yml: repository.path %q, want github.com/<owner>/<name>", promu.Repository.Path)
 	}
-	return "ghcr.io/" + owner
+	return promu.Repository.Path
+}
+
+// releaseImage is the image repository a release publishes:
+// ghcr.io/<owner>/<name> of .promu.yml's repository.path.
+func releaseImage(t *testing.T) string {
+	t.Helper()
+	return "ghcr.io/" + strings.TrimPrefix(releaseRepoPath(t), "github.com/")
 }
 
 // TestReleaseNamesAgree keeps every place that names the release in step
@@ -126,6 +134,14 @@ func TestReleaseNamesAgree(t *testing.T) {
 	}
 	if !strings.Contains(changelog, "\n## Unreleased\n") {
 		t.Error("CHANGELOG.md has no \"## Unreleased\" section")
+	}
+
+	// Runbook links name the release's tag, so that an alert links to the
+	// runbook of the rules that raised it. alerts.RunbookBaseURL is checked
+	// against the mixin's runbookURLPattern (mixin), the rendered rules
+	// (alerts) and, through them, the promtool tests and deploy/'s copies.
+	if want := "https://" + releaseRepoPath(t) + "/blob/v" + version + "/docs/runbook.md"; alerts.RunbookBaseURL != want {
+		t.Errorf("alerts.RunbookBaseURL is %s, want %s (VERSION): change alerts/files.go, mixin/config.libsonnet and alerts/*_test.yml, then make generate", alerts.RunbookBaseURL, want)
 	}
 }
 

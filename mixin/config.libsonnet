@@ -24,7 +24,7 @@
     scrapeInterval: '15s',
 
     // Where each alert's runbook_url points; %s is the alert name in lower case.
-    runbookURLPattern: 'https://github.com/sglang-watchdog/sglang-watchdog/blob/main/docs/runbook.md#%s',
+    runbookURLPattern: 'https://github.com/sglang-watchdog/sglang-watchdog/blob/v0.1.0/docs/runbook.md#%s',
 
     // The dashboard's uid, title and tags.
     dashboardUID: 'sglang-watchdog',
