@@ -15,11 +15,12 @@ import (
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/collector"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/memlimit"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
 // sidecarMemoryLimit is limits.memory of the watchdog sidecar in
-// deploy/kubernetes (also its GOMEMLIMIT).
+// deploy/kubernetes; the binary gives the Go runtime memlimit.Ratio of it.
 const sidecarMemoryLimit = 64 << 20
 
 // peakRSS reads VmHWM (peak resident set) of a process, in bytes.
@@ -69,8 +70,9 @@ func bigListing(dp int) []byte {
 	return b
 }
 
-// TestBinaryStaysUnderItsMemoryLimit runs the built binary with the
-// sidecar's GOMEMLIMIT against sources that answer with bodies just under
+// TestBinaryStaysUnderItsMemoryLimit runs the built binary with the Go
+// memory limit it sets itself in the sidecar (GOMEMLIMIT stands in for the
+// cgroup limit it would read there) against sources that answer with bodies just under
 // the watchdog's own caps (collector.DefaultMaxMetricsBytes of /metrics
 // made only of watched lines, pluginapi.DefaultMaxBodyBytes per listing,
 // two ranks as in the manifests), and reads its peak RSS. With 32 MiB and
@@ -79,6 +81,10 @@ func bigListing(dp int) []byte {
 // crash-looping watchdog watches nothing.
 func TestBinaryStaysUnderItsMemoryLimit(t *testing.T) {
 	bin := binary
+	// As memlimit.Set computes it (from a variable: the constant product
+	// is not an integer, which a constant conversion refuses).
+	limit := int64(sidecarMemoryLimit)
+	goMemLimit := int64(float64(limit) * memlimit.Ratio)
 	serve := func(body []byte, contentType string) string {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", contentType)
@@ -105,7 +111,7 @@ func TestBinaryStaysUnderItsMemoryLimit(t *testing.T) {
 				args = append(args, "--plugin.url="+u)
 			}
 			cmd := exec.Command(bin, args...)
-			cmd.Env = append(os.Environ(), fmt.Sprintf("GOMEMLIMIT=%d", sidecarMemoryLimit), "GOMAXPROCS=2")
+			cmd.Env = append(os.Environ(), fmt.Sprintf("GOMEMLIMIT=%d", goMemLimit), "GOMAXPROCS=2")
 			var logs bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &logs, &logs
 			if err := cmd.Start(); err != nil {

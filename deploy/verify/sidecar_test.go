@@ -104,6 +104,14 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 	if c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("%s: the sidecar needs a memory limit", name)
 	}
+	// The binary gives the Go runtime 90% of the cgroup memory limit
+	// (internal/memlimit); a GOMEMLIMIT in the environment would win, and
+	// one from limits.memory leaves no headroom before the OOM killer.
+	for _, e := range c.Env {
+		if e.Name == "GOMEMLIMIT" {
+			t.Errorf("%s: the sidecar sets GOMEMLIMIT; the watchdog sets 90%% of its memory limit itself", name)
+		}
+	}
 	ports := map[string]int32{}
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
@@ -237,6 +245,37 @@ func checkRestartFloor(t *testing.T, name string, spec corev1.PodSpec, seconds s
 	}
 }
 
+// checkRestartStateFile checks that a sidecar that escalates to restarts
+// keeps the time of the last one (--restart.state-file) on a writable
+// emptyDir, which outlives the sidecar's own restarts, and that one that
+// does not escalate has no state file.
+func checkRestartStateFile(t *testing.T, name string, spec corev1.PodSpec, sidecar corev1.Container, restarts bool) {
+	t.Helper()
+	files := flagValues(sidecar.Args, "restart.state-file")
+	if !restarts {
+		if len(files) != 0 {
+			t.Errorf("%s: --restart.state-file %q without restart escalation", name, files)
+		}
+		return
+	}
+	if len(files) != 1 || !path.IsAbs(files[0]) {
+		t.Errorf("%s: restart escalation with --restart.state-file %q, want one absolute path", name, files)
+		return
+	}
+	emptyDirs := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.EmptyDir != nil {
+			emptyDirs[v.Name] = true
+		}
+	}
+	for _, m := range sidecar.VolumeMounts {
+		if m.MountPath == path.Dir(files[0]) && emptyDirs[m.Name] && !m.ReadOnly && m.SubPath == "" {
+			return
+		}
+	}
+	t.Errorf("%s: --restart.state-file=%s is not in a writable emptyDir mount of the sidecar", name, files[0])
+}
+
 // checkHostNetwork checks a pod on the node's network: hostNetwork with
 // the DNS policy that keeps cluster names resolving, or neither.
 func checkHostNetwork(t *testing.T, name string, spec corev1.PodSpec, want bool) {
@@ -275,6 +314,7 @@ func checkDecodeArgs(t *testing.T, name string, spec corev1.PodSpec, c corev1.Co
 	if allowed {
 		checkRestartFloor(t, name, spec, want.restartSeconds)
 	}
+	checkRestartStateFile(t, name, spec, c, want.restart != "")
 	var verdict []string
 	if want.verdictURL != "" {
 		verdict = []string{want.verdictURL}

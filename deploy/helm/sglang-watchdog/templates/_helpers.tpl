@@ -136,6 +136,10 @@ args:
   # inside the server.
   - --restart.mode={{ $r.forceFailMode }}
   - --restart.min-interval={{ $root.Values.restart.minInterval }}
+  # The time of the last restart, on an emptyDir that outlives this
+  # container: a crash-looping watchdog must not restart SGLang again
+  # before the interval is over.
+  - --restart.state-file={{ include "sglang-watchdog.restartStateDir" $root }}/restart-state.json
 {{- end }}
 {{- if eq $r.mode "decode" }}
 {{- with $r.decodeDeadline }}
@@ -163,11 +167,8 @@ args:
 env:
   - name: GOMAXPROCS
     value: {{ $s.gomaxprocs | quote }}
-  - name: GOMEMLIMIT
-    valueFrom:
-      resourceFieldRef:
-        containerName: {{ include "sglang-watchdog.containerName" $root }}
-        resource: limits.memory
+  # No GOMEMLIMIT: the watchdog gives the Go runtime 90% of its memory
+  # limit itself; one set here would win, at 100%.
 ports:
   - name: metrics
     containerPort: {{ $s.port }}
@@ -197,6 +198,10 @@ terminationMessagePolicy: FallbackToLogsOnError
 volumeMounts:
 {{- if gt $ranks 0 }}
   {{- include "sglang-watchdog.tokenVolumeMount" $root | nindent 2 }}
+{{- end }}
+{{- if include "sglang-watchdog.restarts" (dict "root" $root "role" .role) }}
+  - name: watchdog-restart-state
+    mountPath: {{ include "sglang-watchdog.restartStateDir" $root }}
 {{- end }}
 {{- if $httpConfig }}
   - name: prefill-watchdog-http-config
@@ -268,6 +273,10 @@ call with (dict "root" $ "role" "prefill"). */}}
 {{- end -}}
 
 {{- define "sglang-watchdog.stateDir" -}}/var/run/sglang-watchdog-state{{- end -}}
+
+{{/* The sidecar's own restart record (--restart.state-file), apart from
+the plugin's stateDir: each container writes only its own volume. */}}
+{{- define "sglang-watchdog.restartStateDir" -}}/var/lib/sglang-watchdog{{- end -}}
 
 {{/* A duration of one unit (s, m or h; values.schema.json) in seconds. */}}
 {{- define "sglang-watchdog.seconds" -}}
