@@ -70,7 +70,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		transferWedged: desc("transfer_wedged", "1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from the plugin's transfer fields, or suspected from two or more stuck Transferring rooms with an older plugin). Only a restart clears it.",
 			rank...),
 		transferWedges: desc("transfer_wedges_total", "Transfer queue wedges diagnosed or suspected on this rank.", rank...),
-		restarts: desc("restarts_total", "Restart escalations of a diagnosed transfer wedge by result (restarted, would_restart, disabled, unsupported, rejected, error).",
+		restarts: desc("restarts_total", "Restart escalations of a diagnosed transfer wedge by result (restarted, would_restart, disabled, unsupported, rejected, too_soon, error).",
 			"result"),
 		rankTargets: desc("rank_targets", "Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.",
 			rank...),

@@ -351,7 +351,7 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindTimeseries, title: "Restart escalations", width: 8, height: 8, stacked: true, unit: "short",
-				description: "Restart escalations of a diagnosed wedge per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, error (the wedge was left in place).",
+				description: "Restart escalations of a diagnosed wedge per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, too_soon (the plugin's own minimum interval), error (the wedge was left in place).",
 				targets: []target{{
 					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_restarts_total")) + ")",
 					legend: "{{result}}",

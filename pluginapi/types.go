@@ -65,6 +65,9 @@ const (
 	ResultWouldRestart    = "would_restart"
 	ResultRestartDisabled = "restart_disabled"
 	ResultPIDMismatch     = "pid_mismatch"
+	// ResultTooSoon (429): within the plugin's own minimum interval between
+	// restarts of its server, which outlives the watchdog's memory.
+	ResultTooSoon = "too_soon"
 )
 
 // Levers the plugin can set.
@@ -220,4 +223,7 @@ type RestartResponse struct {
 	Result string `json:"result"`
 	PID    int    `json:"pid,omitempty"`
 	Error  string `json:"error,omitempty"`
+	// RetryAfterS is when the plugin would allow a restart again, in whole
+	// seconds (429 too_soon only).
+	RetryAfterS int `json:"retry_after_s,omitempty"`
 }

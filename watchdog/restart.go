@@ -128,9 +128,15 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 	if err := errors.Join(saveErr, err); err != nil {
 		fields = append(fields, "err", err)
 	}
-	if result == RestartWouldRestart {
+	switch result {
+	case RestartWouldRestart:
 		level.Warn(w.logger).Log(fields...)
-	} else {
+	case RestartTooSoon:
+		// The plugin's own floor held, as designed (typically after this
+		// watchdog lost its memory of the last restart): a warning, not an
+		// error. As after any answer, this process is not asked again.
+		level.Warn(w.logger).Log(append(fields, "retry_after_s", resp.RetryAfterS)...)
+	default:
 		level.Error(w.logger).Log(fields...)
 	}
 	return []Event{{Kind: EventRestart, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel, Room: e.wedge.room,
@@ -167,6 +173,8 @@ func classifyRestart(supported bool, status int, resp *pluginapi.RestartResponse
 		return RestartDisabled
 	case status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusConflict:
 		return RestartRejected
+	case status == http.StatusTooManyRequests && resp.Result == pluginapi.ResultTooSoon:
+		return RestartTooSoon
 	default:
 		return RestartError
 	}

@@ -717,6 +717,48 @@ func TestRestartOncePerPIDAndPerInterval(t *testing.T) {
 	}
 }
 
+// A 429 too_soon is the plugin's own restart floor at work (a watchdog
+// that lost its memory of the last restart asks again): its own result,
+// logged as a warning with the plugin's retry_after_s, not an error.
+func TestRestartTooSoonIsItsOwnResult(t *testing.T) {
+	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
+	var logs syncBuffer
+	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {
+		c.Mode = ModeOff
+		c.RestartMode, c.RestartMinInterval = ModeAuto, 30*time.Minute
+		c.Logger = log.NewLogfmtLogger(&logs)
+	})
+	p.restartAnswer = func(req pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error) {
+		return http.StatusTooManyRequests, &pluginapi.RestartResponse{Result: pluginapi.ResultTooSoon, RetryAfterS: 1200,
+			Error: "the last restart of this server was 600 s ago; the plugin allows one per 1800 s"}, nil
+	}
+	h.tick(120)
+	if p.restartCount() != 1 {
+		t.Fatalf("restart calls %d, want 1", p.restartCount())
+	}
+	if s := h.wd.Snapshot().Restarts; s[RestartTooSoon] != 1 || s[RestartError] != 0 {
+		t.Errorf("restart results %v, want one too_soon and no error", s)
+	}
+	if ev := h.eventsOf(EventRestart); len(ev) != 1 || ev[0].Result != RestartTooSoon {
+		t.Errorf("restart events %+v", ev)
+	}
+	var line string
+	for _, l := range strings.Split(logs.b.String(), "\n") {
+		if strings.Contains(l, `msg="restart escalation"`) {
+			line = l
+		}
+	}
+	if !strings.HasPrefix(line, "level=warn ") || !strings.Contains(line, "result=too_soon") || !strings.Contains(line, "retry_after_s=1200") {
+		t.Errorf("want the escalation logged as a warning with result=too_soon and retry_after_s=1200, got %q", line)
+	}
+
+	// A 429 without the contract's body (a proxy's rate limit) is no
+	// answer of the plugin's: an error.
+	if got := classifyRestart(true, http.StatusTooManyRequests, &pluginapi.RestartResponse{Result: "slow_down"}, nil); got != RestartError {
+		t.Errorf("429 slow_down classified %q, want %q", got, RestartError)
+	}
+}
+
 func TestRestartSourceDownThenNewProcess(t *testing.T) {
 	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {

@@ -156,11 +156,12 @@ const (
 	RestartDisabled     = "disabled"      // 403: the plugin does not allow restarts
 	RestartUnsupported  = "unsupported"   // 404: an older plugin
 	RestartRejected     = "rejected"      // 400, 401, 409 pid_mismatch
+	RestartTooSoon      = "too_soon"      // 429: within the plugin's own minimum interval
 	RestartError        = "error"         // no usable answer
 )
 
 // RestartResults lists every restart result.
-var RestartResults = []string{RestartRestarted, RestartWouldRestart, RestartDisabled, RestartUnsupported, RestartRejected, RestartError}
+var RestartResults = []string{RestartRestarted, RestartWouldRestart, RestartDisabled, RestartUnsupported, RestartRejected, RestartTooSoon, RestartError}
 
 // EventKind classifies what the watchdog reports to an observer.
 type EventKind string
