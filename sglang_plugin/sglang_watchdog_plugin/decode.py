@@ -1,6 +1,6 @@
 """Decode side: read-only observation of KV receivers, the decode levers, and decode orders.
 
-Where a decode request waits (sglang-facts §10.4, §10.4a): a ``DecodeRequest``
+Where a decode request waits (SGLang v0.5.18, ``disaggregation/decode.py``): a ``DecodeRequest``
 (fields ``req``, ``kv_receiver``, ``waiting_for_input``,
 ``metadata_buffer_index``) sits in ``disagg_decode_prealloc_queue.queue``
 until its pages are allocated and its metadata sent to prefill, then in

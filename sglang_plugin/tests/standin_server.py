@@ -13,7 +13,8 @@ The process exits when stdin closes or on SIGTERM.
 
 Options (all default to the scene described below):
 
-* ``--era``: which SGLang the stand-in copies (sglang-facts §10.2).
+* ``--era``: which SGLang the stand-in copies (``newest``: v0.5.18,
+  ``mid2025``: v0.4.10, ``early``: v0.4.6).
   ``newest`` (default): the newest scheduler and senders; levers
   ``["abort", "_send_failed"]`` on nixl, ``["abort"]`` on mooncake.
   ``mid2025``: nixl only; the mid-2025 NIXL sender (no ``_send_failed``,

@@ -1,7 +1,7 @@
 """Structural stand-ins for the parts of SGLang the plugin touches.
 
-They copy the shapes and behaviour described in /work/shared/sglang-facts.md
-(sections 3, 8 and 10): KVPoll; the newest NIXL sender and manager
+They copy the shapes and behaviour of SGLang's own code under
+``python/sglang/srt/`` (read in v0.4.6, v0.4.10, v0.5.3 and v0.5.18): KVPoll; the newest NIXL sender and manager
 (``_send_failed``, ``_staging_outstanding``, queues keyed by destination
 ports), the mid-2025 NIXL pair (no ``_send_failed``, a max()-only
 update_status, a poll() that ignores conclude_state), Mooncake and fake
@@ -556,8 +556,8 @@ class SchedulerLoop:
 
 # -- decode -----------------------------------------------------------------
 #
-# The decode side (sglang-facts §10.4, §10.4a; decode.py, common/conn.py,
-# nixl/conn.py, fake/conn.py): DecodeRequests wait in the prealloc queue
+# The decode side (SGLang v0.5.18's disaggregation/decode.py, common/conn.py,
+# nixl/conn.py, fake/conn.py; deferred release is later upstream code): DecodeRequests wait in the prealloc queue
 # until their handshake is done and pages are free, send their metadata and
 # move to the transfer queue, which polls their receivers until Success or
 # Failed. A Failed receiver in the prealloc queue is a bootstrap failure; in
