@@ -264,7 +264,12 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if closeLogs != nil {
-		defer closeLogs()
+		defer func() {
+			// The demo printed where the log is: say when it may be cut short.
+			if err := closeLogs(); err != nil {
+				fmt.Fprintf(stderr, "closing the watchdogs' log %s: %v\n", logName, err)
+			}
+		}()
 	}
 	logger, err := logging.New(logs, o.log)
 	if err != nil {
@@ -371,7 +376,7 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	decodeDone := make(chan struct{})
 	go func() {
 		defer close(decodeDone)
-		_ = dwd.Run(ctx)
+		dwd.Run(ctx)
 	}()
 	code := <-served
 	<-decodeDone

@@ -178,7 +178,7 @@ func serveAndWatch(ctx context.Context, srv *server.Server, live *liveness.Liven
 	live.LoopStarted()
 	go func() {
 		defer close(done)
-		_ = wd.Run(ctx)
+		wd.Run(ctx)
 	}()
 	if receiver != nil {
 		go receiver.Run(ctx)

@@ -262,10 +262,8 @@ func TestOwnServerDropsSlowClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go srv.Serve(ctx)
-	addr := srv.Addr(ctx).String()
+	base, _ := serveFor(t, srv)
+	addr := strings.TrimPrefix(base, "http://")
 
 	for _, tc := range []struct{ name, send string }{
 		{"stalled body", "POST " + alertwebhook.Path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"alerts\":["},

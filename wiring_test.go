@@ -251,12 +251,19 @@ func TestWebhookNeedsItsOwnCredentialAndIdentity(t *testing.T) {
 }
 
 // serveFor starts srv until the test ends and returns its main and probe
-// base URLs.
+// base URLs. A server that stopped with an error (a listener it could not
+// open) fails the test with that error.
 func serveFor(t *testing.T, srv *server.Server) (string, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go srv.Serve(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serving: %v", err)
+		}
+	})
 	probe := ""
 	if a := srv.ProbeAddr(); a != nil {
 		probe = "http://" + a.String()

@@ -153,7 +153,7 @@ func TestScrapeErrors(t *testing.T) {
 		}
 	})
 	mux.HandleFunc("/garbage", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("# TYPE sglang:num_requests_total counter\nsglang:num_requests_total not-a-number\n"))
+		_, _ = w.Write([]byte("# TYPE sglang:num_requests_total counter\nsglang:num_requests_total not-a-number\n")) // the reader checks it
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()

@@ -59,12 +59,14 @@ func startStandinScript(t *testing.T, script, backend, tokenFile string, args ..
 	}
 	t.Cleanup(func() {
 		stdin.Close()
+		// The stand-in exits when its stdin closes; how it exits is in
+		// its stderr, logged below when the test failed.
 		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
+		go func() { _ = cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill()
 			<-done
 		}
 		if t.Failed() {
@@ -178,13 +180,13 @@ const movingProgress = "healthy-0002"
 var floatFields = map[string]bool{"age_seconds": true, "now_unix": true, "last_iteration_unix": true, "applied_unix": true}
 
 func jsonType(v interface{}) string {
-	switch v.(type) {
+	switch v := v.(type) {
 	case nil:
 		return "null"
 	case bool:
 		return "bool"
 	case json.Number:
-		if strings.ContainsAny(string(v.(json.Number)), ".eE") {
+		if strings.ContainsAny(string(v), ".eE") {
 			return "number"
 		}
 		return "integer"

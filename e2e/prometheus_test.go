@@ -36,10 +36,13 @@ func startProcess(t *testing.T, logName string, bin string, args ...string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
+		// Killed: its exit status says only that.
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 		if t.Failed() {
-			logFile.Seek(0, 0)
+			if _, err := logFile.Seek(0, io.SeekStart); err != nil {
+				t.Logf("%s log: %v", logName, err)
+			}
 			b, _ := io.ReadAll(logFile)
 			t.Logf("%s log (last 3000 bytes):\n%s", logName, tail(b, 3000))
 		}
@@ -185,7 +188,7 @@ func prometheusAlertmanagerEndToEnd(t *testing.T, prometheus, alertmanager strin
 		"group_interval: 5m": "group_interval: 1s",
 		// A sink here sees every alert first, and lets the routes after
 		// it (the shipped one) see them too.
-		"  routes:\n":  fmt.Sprintf("  routes:\n    - receiver: test\n      group_by: [alertname, dp_rank, pp_rank]\n      group_wait: 1s\n      group_interval: 1s\n      continue: true\n"),
+		"  routes:\n":  "  routes:\n    - receiver: test\n      group_by: [alertname, dp_rank, pp_rank]\n      group_wait: 1s\n      group_interval: 1s\n      continue: true\n",
 		"receivers:\n": fmt.Sprintf("receivers:\n  - name: test\n    webhook_configs:\n      - url: %s\n        send_resolved: true\n", hook.URL),
 	})
 	writeFile(t, filepath.Join(dir, "am.yml"), amConfig)

@@ -61,16 +61,3 @@ func TestTokenNeverLogged(t *testing.T) {
 		})
 	}
 }
-
-func uintString(v uint64) string {
-	var b [20]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			return string(b[i:])
-		}
-	}
-}

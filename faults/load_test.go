@@ -127,7 +127,7 @@ func TestLoad64Ranks1kRooms(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = wd.Run(runCtx)
+		wd.Run(runCtx)
 	}()
 	go func() {
 		var last time.Duration

@@ -154,7 +154,7 @@ func (e *liveEnv) run(d time.Duration) (lastCycles []time.Duration) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = e.wd.Run(ctx)
+		e.wd.Run(ctx)
 	}()
 	end := time.Now().Add(d)
 	for time.Now().Before(end) {

@@ -3,6 +3,7 @@ package pluginapi
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -88,7 +89,8 @@ func TestClientInflightFailures(t *testing.T) {
 		http.Error(w, "scheduler gone", http.StatusBadGateway)
 	})
 	mux.HandleFunc("/huge/debug/inflight", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, `{"api_version":1,"server":{},"loop":{},"inflight":[`+strings.Repeat(" ", 4096)+`]}`)
+		// The client stops reading at its limit: a failed write is the point.
+		_, _ = io.WriteString(w, `{"api_version":1,"server":{},"loop":{},"inflight":[`+strings.Repeat(" ", 4096)+`]}`)
 	})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -111,9 +113,13 @@ func TestClientForceFailSendsTokenAndNeverFollowsRedirects(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/admin/force_fail", func(w http.ResponseWriter, r *http.Request) {
 		gotAuth = r.Header.Get("Authorization")
-		json.NewDecoder(r.Body).Decode(&got)
+		if err := json.NewDecoder(r.Body).Decode(&got); err != nil || got.BootstrapRoom == nil {
+			http.Error(w, fmt.Sprintf("body %+v: %v", got, err), http.StatusBadRequest)
+			return
+		}
 		room := *got.BootstrapRoom
-		json.NewEncoder(w).Encode(ForceFailResponse{Result: ResultFlipped, RID: got.RID, BootstrapRoom: &room, Lever: LeverSendFailed, AppliedUnix: 1})
+		// What arrives is the client's to check.
+		_ = json.NewEncoder(w).Encode(ForceFailResponse{Result: ResultFlipped, RID: got.RID, BootstrapRoom: &room, Lever: LeverSendFailed, AppliedUnix: 1})
 	})
 	mux.HandleFunc("/moved/admin/force_fail", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/admin/force_fail", http.StatusTemporaryRedirect)

@@ -105,17 +105,21 @@ func TestClientRestart(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/admin/restart", func(w http.ResponseWriter, r *http.Request) {
 		gotAuth, gotPath = r.Header.Get("Authorization"), r.URL.Path
-		json.NewDecoder(r.Body).Decode(&got)
+		if err := json.NewDecoder(r.Body).Decode(&got); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		// What arrives is the client's to check.
 		if got.DryRun {
-			json.NewEncoder(w).Encode(RestartResponse{Result: ResultWouldRestart, PID: got.PID})
+			_ = json.NewEncoder(w).Encode(RestartResponse{Result: ResultWouldRestart, PID: got.PID})
 			return
 		}
 		w.WriteHeader(http.StatusAccepted)
-		json.NewEncoder(w).Encode(RestartResponse{Result: ResultRestarting, PID: got.PID})
+		_ = json.NewEncoder(w).Encode(RestartResponse{Result: ResultRestarting, PID: got.PID})
 	})
 	mux.HandleFunc("/old/admin/restart", http.NotFound)
 	mux.HandleFunc("/slow/admin/restart", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body) // only the timing matters here
 		select {
 		case <-r.Context().Done():
 		case <-time.After(5 * time.Second):

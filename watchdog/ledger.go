@@ -209,19 +209,24 @@ func (w *Watchdog) lookupVerdict(ctx context.Context, addr string, room uint64) 
 // watchdog's read-only verdict on a room, for decode-side watchdogs.
 func (w *Watchdog) VerdictHandler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "application/json")
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			rw.Header().Set("Allow", "GET, HEAD")
-			rw.WriteHeader(http.StatusMethodNotAllowed)
-			json.NewEncoder(rw).Encode(map[string]string{"error": "only GET"})
+			writeJSON(rw, http.StatusMethodNotAllowed, map[string]string{"error": "only GET"})
 			return
 		}
 		room, err := strconv.ParseUint(strings.TrimPrefix(r.URL.Path, pluginapi.PathRoomVerdict), 10, 64)
 		if err != nil || !strings.HasPrefix(r.URL.Path, pluginapi.PathRoomVerdict) {
-			rw.WriteHeader(http.StatusBadRequest)
-			json.NewEncoder(rw).Encode(map[string]string{"error": "want " + pluginapi.PathRoomVerdict + "<room>, room a decimal integer below 2^64"})
+			writeJSON(rw, http.StatusBadRequest, map[string]string{"error": "want " + pluginapi.PathRoomVerdict + "<room>, room a decimal integer below 2^64"})
 			return
 		}
-		json.NewEncoder(rw).Encode(w.PrefillVerdict(room))
+		writeJSON(rw, http.StatusOK, w.PrefillVerdict(room))
 	})
+}
+
+// writeJSON answers with status and v. The values always encode, so an
+// error here is a client gone mid-answer, which nothing is left to tell.
+func writeJSON(rw http.ResponseWriter, status int, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(status)
+	_ = json.NewEncoder(rw).Encode(v)
 }

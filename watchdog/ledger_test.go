@@ -248,8 +248,11 @@ func TestVerdictOverHTTP(t *testing.T) {
 			t.Fatal(err)
 		}
 		var body map[string]any
-		json.NewDecoder(resp.Body).Decode(&body)
+		err = json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: the answer is not JSON: %v", path, err)
+		}
 		if resp.StatusCode != want {
 			t.Fatalf("%s: HTTP %d %v, want %d", path, resp.StatusCode, body, want)
 		}

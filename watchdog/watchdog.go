@@ -260,7 +260,7 @@ func (w *Watchdog) Ready() bool {
 // Run reads the sources and acts until ctx ends. Cycles never overlap: the
 // next one starts an interval after the previous one started, or right
 // after it ended if it overran.
-func (w *Watchdog) Run(ctx context.Context) error {
+func (w *Watchdog) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	if w.cfg.Metrics != nil {
 		wg.Add(1)
@@ -276,7 +276,7 @@ func (w *Watchdog) Run(ctx context.Context) error {
 		wait := w.cfg.Interval - w.clock.Now().Sub(start)
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-w.clock.After(wait):
 		}
 	}

@@ -443,8 +443,7 @@ func TestAutoReleasesAndConfirms(t *testing.T) {
 func TestConfirmsAReleaseCountedBeforeTheAnswer(t *testing.T) {
 	m := &fakeMetrics{}
 	m.addProgress(TransferFailedFamily, 5)
-	var h *harness
-	h = newHarness(t, func(c *Config) { c.Metrics = m })
+	h := newHarness(t, func(c *Config) { c.Metrics = m })
 	h.wd.ScrapeMetrics(context.Background())
 	h.plugin.answer = func(req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
 		h.plugin.mu.Lock()

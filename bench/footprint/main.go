@@ -141,8 +141,13 @@ func run(duration, sampleEvery, printEvery time.Duration, ranks int, rate float6
 		return 1
 	}
 	pid := cmd.Process.Pid
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// exited is closed once the watchdog has exited, with waitErr set: a
+	// closed channel tells the sampling loop and the stop below alike (a
+	// value sent once would leave the stop waiting for ever after the loop
+	// took it).
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -181,12 +186,12 @@ func run(duration, sampleEvery, printEvery time.Duration, ranks int, rate float6
 		case <-ctx.Done():
 			fmt.Println("interrupted")
 			return 1
-		case err := <-exited:
-			fmt.Printf("the watchdog exited early: %v (log: %s)\n", err, logPath)
+		case <-exited:
+			fmt.Printf("the watchdog exited early: %v (log: %s)\n", waitErr, logPath)
 			keepLog(logPath)
 			return 1
 		case now := <-tick.C:
-			rss, hwm, anon, file, err := procStatusFull(pid)
+			rss, hwm, anon, file, err := procStatus(pid)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				continue
@@ -315,12 +320,7 @@ func freePort() (int, error) {
 // procStatus returns VmRSS and VmHWM in KiB, and the VmRSS split into
 // anonymous memory (heap, stacks, runtime) and file-backed pages (mostly the
 // binary's own text and data).
-func procStatus(pid int) (rss, hwm float64, err error) {
-	rss, hwm, _, _, err = procStatusFull(pid)
-	return rss, hwm, err
-}
-
-func procStatusFull(pid int) (rss, hwm, anon, file float64, err error) {
+func procStatus(pid int) (rss, hwm, anon, file float64, err error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, 0, 0, 0, err

@@ -144,7 +144,9 @@ func loadRules(path string) ([]rule, error) {
 type promServer struct {
 	base string
 	cmd  *exec.Cmd
-	done chan error
+	// done is closed once Prometheus has exited, with waitErr set.
+	done    chan struct{}
+	waitErr error
 }
 
 func freePort() (int, error) {
@@ -176,13 +178,13 @@ func startPrometheus(o options, dir, tsdb string) (*promServer, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &promServer{base: "http://" + addr, cmd: cmd, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait(); logf.Close() }()
+	p := &promServer{base: "http://" + addr, cmd: cmd, done: make(chan struct{})}
+	go func() { p.waitErr = cmd.Wait(); logf.Close(); close(p.done) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
-		case err := <-p.done:
-			return nil, fmt.Errorf("prometheus exited: %v (log: %s)", err, logf.Name())
+		case <-p.done:
+			return nil, fmt.Errorf("prometheus exited: %v (log: %s)", p.waitErr, logf.Name())
 		default:
 		}
 		resp, err := http.Get(p.base + "/-/ready")

@@ -119,7 +119,6 @@ type pinTrack struct {
 	poll       string
 	progress   int64
 	inFlight   bool
-	wedging    bool // seen frozen with its transfer in flight
 	queue      int
 	lastChange time.Time
 }
