@@ -20,8 +20,7 @@ test:
 	bash scripts/test.sh
 
 # gofmt, go vet, jsonnet-lint on the mixin, golangci-lint on every package
-# (CI gates on the packages that were clean when it joined: docs/ci.md), and
-# govulncheck when GOVULNDB names a local copy of its database (without it,
+# (as CI runs them), and govulncheck when GOVULNDB names a local copy of its database (without it,
 # lint says so and goes on).
 lint:
 	bash scripts/lint.sh
