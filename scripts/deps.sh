@@ -23,6 +23,13 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alert
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
+# SGLang's own PD code on CPU (scripts/conformance.sh): Debian's python3 with
+# the libraries SGLang's disaggregation modules import and run.
+sglang_py=(python3-torch python3-numpy python3-zmq python3-requests python3-aiohttp python3-psutil
+  python3-dill python3-tqdm python3-packaging python3-pil python3-typing-extensions python3-fastapi xz-utils)
+/usr/bin/python3 -c 'import torch, numpy, zmq, requests, aiohttp, psutil, dill, tqdm, packaging, PIL, fastapi' \
+  >/dev/null 2>&1 || missing+=("${sglang_py[@]}")
+command -v xz >/dev/null 2>&1 || missing+=(xz-utils)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "deps: missing ${missing[*]}; install them with apt-get as root" >&2

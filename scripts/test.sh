@@ -16,6 +16,9 @@ bash scripts/lint.sh
 # The Python plugin, stdlib only.
 (cd sglang_plugin && python3 -m unittest discover -s tests -t .)
 
+# The plugin inside SGLang's own PD code, once per release in ../shared/sglang-src.
+bash scripts/conformance.sh
+
 go test -count=1 -timeout 20m ./...
 
 # Short fuzz runs of the ingestion paths; longer runs are in docs/hardening.md.

@@ -90,19 +90,18 @@ def detect(sender_cls, manager_cls, pass_problem):
 def _abort_works(sender_cls, manager_cls, poll_reads):
     """"" when abort() alone makes poll() read Failed, else why not."""
     name = sender_cls.__name__
-    abort = getattr(sender_cls, "abort", None)
-    if abort is None:
+    if getattr(sender_cls, "abort", None) is None:
         return f"{name} has no abort()"
-    tree = _function_tree(abort)
-    if tree is None:
+    trees = _reached(sender_cls, "abort")
+    if not trees:
         return f"{name}.abort() cannot be read"
-    if all(isinstance(s, (ast.Pass, ast.Expr)) for s in tree.body):
+    if all(_inert(tree) for tree in trees):
         return f"{name}.abort() does nothing"
-    sets = {t.attr for node in ast.walk(tree) if isinstance(node, ast.Assign)
+    sets = {t.attr for tree in trees for node in ast.walk(tree) if isinstance(node, ast.Assign)
             for t in node.targets if isinstance(t, ast.Attribute)}
     if "conclude_state" in sets and "conclude_state" in poll_reads:
         return ""
-    if "update_status" in _attributes(tree) and "check_status" in poll_reads:
+    if any("update_status" in _attributes(tree) for tree in trees) and "check_status" in poll_reads:
         sticks = _failed_sticks(manager_cls)
         if sticks:
             return ""
@@ -111,6 +110,68 @@ def _abort_works(sender_cls, manager_cls, poll_reads):
         return (f"{name}.poll() ignores conclude_state and {manager_cls.__name__}.update_status "
                 "does not let Failed override an existing status")
     return f"{name}.poll() reads nothing that abort() sets"
+
+
+def _reached(cls, method):
+    """The function trees a call to cls.method runs: its own body, every ``super().method()`` up the MRO,
+    and the sender's own methods it calls on ``self`` (MooncakeKVSender.abort in v0.5.18 is
+    ``super().abort()`` plus tracing; CommonKVSender.abort does the work). None where one cannot be read."""
+    trees, seen = [], set()
+    pending = [(cls, method, None)]
+    while pending:
+        owner, name, after = pending.pop()
+        defining, fn = _resolve(owner, name, after)
+        if fn is None or (defining, name) in seen:
+            continue
+        seen.add((defining, name))
+        tree = _function_tree(fn)
+        if tree is None:
+            return None
+        trees.append(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            target = node.func.value
+            if isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super":
+                pending.append((cls, node.func.attr, defining))
+            elif isinstance(target, ast.Name) and target.id == "self" and callable(getattr(cls, node.func.attr, None)):
+                pending.append((cls, node.func.attr, None))
+    return trees
+
+
+def _resolve(cls, name, after=None):
+    """(class defining cls.name, the function), looking up the MRO past ``after`` when given."""
+    mro = cls.__mro__
+    start = mro.index(after) + 1 if after in mro else 0
+    for klass in mro[start:]:
+        if name in vars(klass):
+            return klass, vars(klass)[name]
+    return None, None
+
+
+def _inert(tree):
+    """A body that changes nothing SGLang reads: pass, docstrings, and calls that are only tracing or logging."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _is_trace_or_log(stmt.value):
+            continue
+        return False
+    return True
+
+
+def _is_trace_or_log(call):
+    names = []
+    node = call.func
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        names.append(node.id)
+    return any(n in ("logger", "logging", "log", "trace_ctx", "tracer", "warning", "debug", "info") or
+               n.startswith("trace") for n in names)
 
 
 def _failed_sticks(manager_cls):

@@ -11,6 +11,9 @@ Attributes read per backend:
   ``chunk_id`` (chunks handed to the transfer workers).
 * Mooncake and other ``CommonKVSender`` backends: ``conclude_state``, then
   ``kv_mgr.check_status(room)``; progress from ``curr_idx`` (pages handed over).
+* NIXL up to v0.5.11 (no ``_send_failed``): once ``has_sent``, poll() reads
+  its transfer handles and answers WaitingForInput while any is in flight;
+  the listing says WaitingForInput then too, not Unknown.
 * Fake (health checks, warm-up): ``conclude_state``, then ``has_sent`` (its
   ``poll()`` reports WaitingForInput until ``send()`` ran, then Success);
   no progress (-1).
@@ -58,6 +61,12 @@ def observe(sender, room):
 
 
 def _transfer_status(sender, room):
+    if getattr(sender, "has_sent", False) is True and getattr(sender, "xfer_handles", None) is not None:
+        # NIXL up to v0.5.11 (nixl/conn.py NixlKVSender.poll): once the KV is sent, poll() reads the
+        # transfer handles, never the manager's status (from which the room is gone: KeyError), and
+        # answers WaitingForInput until every handle is DONE. Reading the handles means calling the
+        # NIXL agent, which only SGLang's pass does; in flight is the state that matters here.
+        return WAITING_FOR_INPUT
     check_status = getattr(getattr(sender, "kv_mgr", None), "check_status", None)
     if check_status is not None:
         try:

@@ -12,7 +12,7 @@ import time
 from typing import NamedTuple
 
 from .capabilities import ABORT, SEND_FAILED
-from .observe import FAILED, SUCCESS, UNKNOWN, as_poll_code, lever_name, observe
+from .observe import FAILED, SUCCESS, UNKNOWN, as_poll_code, lever_name, observe, poll_name
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
@@ -110,6 +110,13 @@ def apply_order(order, queue, capabilities_for):
         reason = DEFAULT_REASON if order.reason is None else f"{DEFAULT_REASON}: {order.reason}"
         levers = _pull(sender, room, capabilities.levers, order.rid)
         record_failure(getattr(sender, "kv_mgr", None), room, reason)
+        after = observe(sender, room)[0]
+        if after != FAILED:
+            # The code read said these levers work; the sender says otherwise. Never answer "flipped"
+            # for a request SGLang's pass will not release.
+            logger.error("rid=%s bootstrap_room=%s: levers %s pulled but the sender still reads %s",
+                         order.rid, room, ",".join(levers), poll_name(after))
+            return lever_ineffective(order.rid, room, levers, after)
         result = "flipped"
         logger.warning("rid=%s bootstrap_room=%s %s (levers %s)", order.rid, room, reason, ",".join(levers))
     return Outcome(
@@ -201,6 +208,15 @@ def unsupported(rid, note):
         501,
         {"result": "unsupported", "rid": rid,
          "error": f"no lever releases a request on this SGLang version and backend, so nothing was changed: {note}"},
+    )
+
+
+def lever_ineffective(rid, room, levers, poll):
+    return Outcome(
+        500,
+        {"result": "lever_ineffective", "rid": rid, "bootstrap_room": room, "levers": list(levers),
+         "error": f"levers {', '.join(levers)} were pulled but the sender still reads {poll_name(poll)}: "
+                  "SGLang's pass will not release this request"},
     )
 
 

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The plugin on SGLang's own PD code: the conformance suite once per release.
+#
+#   bash scripts/conformance.sh                 every release whose source tarball is in SGLANG_SRC_DIR
+#   SGLANG_SRC=DIR bash scripts/conformance.sh  one unpacked source tree (DIR/python/sglang)
+#
+# SGLANG_SRC_DIR defaults to ../shared/sglang-src beside the checkout, where
+# the tarballs (sglang-vX.Y.Z.tar.xz, every .py file of python/sglang) are
+# kept; they are unpacked once into a cache folder. Runs with Debian's
+# python3, where scripts/deps.sh installs torch, numpy and zmq.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${CONFORMANCE_PYTHON:-/usr/bin/python3}
+run() {
+  local src=$1 name=$2
+  echo "conformance: SGLang $name ($src)"
+  (cd sglang_plugin && SGLANG_SRC="$src" timeout 900 "$PY" -W ignore -m conformance_tests)
+}
+
+if [ -n "${SGLANG_SRC:-}" ]; then
+  run "$SGLANG_SRC" "$(basename "$SGLANG_SRC")"
+  exit 0
+fi
+
+dir=${SGLANG_SRC_DIR:-../shared/sglang-src}
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/sglang-watchdog/sglang-src"
+shopt -s nullglob
+tarballs=("$dir"/sglang-v*.tar.xz)
+if [ ${#tarballs[@]} -eq 0 ]; then
+  echo "conformance: SKIPPED: no SGLang source at all (no $dir/sglang-v*.tar.xz, no SGLANG_SRC); nothing was proven on SGLang's own code" >&2
+  exit 0
+fi
+failed=()
+for tarball in "${tarballs[@]}"; do
+  name=$(basename "$tarball" .tar.xz)
+  target="$cache/$name"
+  if [ ! -f "$target/.unpacked" ] || [ "$tarball" -nt "$target/.unpacked" ]; then
+    rm -rf "$target"
+    mkdir -p "$target"
+    tar -xJf "$tarball" -C "$target"
+    touch "$target/.unpacked"
+  fi
+  run "$target" "${name#sglang-}" || failed+=("${name#sglang-}")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "conformance: FAILED on ${failed[*]}" >&2
+  exit 1
+fi

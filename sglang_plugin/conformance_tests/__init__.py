@@ -1,0 +1,1 @@
+"""The plugin on SGLang's own PD code, one release per process (see scripts/conformance.sh)."""

@@ -1,0 +1,170 @@
+"""A prefill (and decode) server made of SGLang's own PD code, with the plugin loaded, for scenarios.
+
+``Bench`` owns one backend's prefill and decode KV managers, a prefill
+scheduler whose loop thread runs SGLang's own inflight pass every few
+milliseconds (as the event loop does between batches), and the plugin's
+listener. Requests are admitted the way SGLang admits them: a real sender
+and receiver, bootstrapped through SGLang's bootstrap server, the KV sent
+chunk by chunk, then the request appended to the inflight queue on the
+scheduler thread.
+"""
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from . import scheduler as sch
+from . import transports
+
+
+class Bench:
+    def __init__(self, rt, backend, pass_interval=0.005):
+        self.rt, self.backend = rt, backend
+        self.prefill_mgr = rt.manager(backend, "prefill")
+        self.decode_mgr = rt.manager(backend, "decode")
+        self.scheduler = sch.prefill_scheduler(rt, backend, self.prefill_mgr)
+        self.pass_interval = pass_interval
+        self.passes = 0
+        self.errors = []  # exceptions SGLang's pass raised: each one would kill a real scheduler
+        self._pending = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.running = threading.Event()  # cleared: the loop holds between passes
+        self.running.set()
+        self._held = threading.Event()
+        self._thread = None
+        self.links = {}
+
+    def start(self):
+        os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")
+        os.environ["SGLANG_WATCHDOG_PLUGIN_PORT"] = "0"
+        self._thread = threading.Thread(target=self._loop, name="bench-scheduler", daemon=True)
+        self._thread.start()
+        sch._until(lambda: self.monitor is not None, 30, "the plugin's first hooked pass")
+        return self
+
+    def stop(self):
+        transports.fabric.end_hangs(link.room for link in self.links.values())
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        monitor = self.monitor
+        if monitor is not None and monitor.listener is not None:
+            monitor.listener.close()
+
+    @property
+    def monitor(self):
+        from .. import hook
+
+        return hook.monitor_for(self.scheduler)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            if not self.running.is_set():
+                self._held.set()
+                self.running.wait(0.05)
+                continue
+            self._held.clear()
+            with self._lock:
+                pending, self._pending = self._pending, []
+            self.scheduler.disagg_prefill_inflight_queue.extend(pending)
+            try:
+                self.scheduler.process_disagg_prefill_inflight_queue()
+            except Exception as e:  # a real scheduler process dies here
+                self.errors.append(e)
+            self.passes += 1
+            time.sleep(self.pass_interval)
+
+    # Requests -------------------------------------------------------------
+
+    def _prepare(self, room, behaviour, chunks, rid):
+        transports.fabric.plan(room, behaviour)
+        # The request's metadata slot, from SGLang's own allocator, as the bootstrap queue takes it.
+        slot = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
+        if slot is None:
+            raise RuntimeError("no free metadata slot: more requests in flight than the bench's pool holds")
+        link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, self.decode_mgr, slot=slot)
+        link.bootstrap()
+        link.send(chunks)
+        req = sch.make_req(self.rt, room, rid=rid, sender=link.sender)
+        req.metadata_buffer_index = slot
+        self.links[req.rid] = link
+        return req
+
+    def admit(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
+        """A request whose forward pass is done: bootstrapped, its KV handed to the sender, in the inflight queue."""
+        req = self._prepare(room, behaviour, chunks, rid)
+        with self._lock:
+            self._pending.append(req)
+        sch._until(lambda: self.listed(req.rid) is not None or req in self.scheduler.streamed, 10,
+                   f"{req.rid} to be listed")
+        return req
+
+    def hold(self):
+        """Stops the loop between two passes; returns once no pass is running."""
+        self.running.clear()
+        sch._until(self._held.is_set, 10, "the scheduler loop to hold")
+
+    def pending_orders(self):
+        return len(getattr(self.monitor, "_orders", ()) or ())
+
+    def health_check(self, room, rid=None):
+        """SGLang's health check request: a fake sender (FakeKVSender), which the plugin must never fail."""
+        fake = sch.runtime_module.loader.load("sglang.srt.disaggregation.fake.conn")[0]
+        Sender = sch.runtime_module._class_named(fake, "fakekvsender")
+        sender = Sender(**sch._accepted(Sender, mgr=self.prefill_mgr, bootstrap_addr="2.2.2.2:8998",
+                                        bootstrap_room=room, dest_tp_ranks=[0], pp_rank=0))
+        req = sch.make_req(self.rt, room, rid=rid or f"HEALTH_CHECK_{room}", sender=sender)
+        req.bootstrap_host = "2.2.2.2"  # SGLang's FAKE_BOOTSTRAP_HOST: a marker, never dialled
+        req.metadata_buffer_index = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
+        with self._lock:
+            self._pending.append(req)
+        return req
+
+    def queued(self, rid):
+        return any(r.rid == rid for r in list(self.scheduler.disagg_prefill_inflight_queue))
+
+    def released(self, rid):
+        """(finished_reason, streamed) once SGLang's pass let the request go, else None."""
+        for req in list(self.scheduler.streamed):
+            if req.rid == rid:
+                return req.finished_reason
+        return None
+
+    def wait_released(self, rid, timeout=10):
+        sch._until(lambda: self.released(rid) is not None, timeout, f"{rid} to leave the inflight queue")
+        return self.released(rid)
+
+    # The plugin's API -----------------------------------------------------
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.monitor.listener.port}"
+
+    def listing(self):
+        with urllib.request.urlopen(self.url + "/debug/inflight", timeout=10) as r:
+            return json.load(r)
+
+    def listed(self, rid):
+        try:
+            rooms = self.listing().get("inflight", [])
+        except OSError:
+            return None
+        return next((room for room in rooms if room.get("rid") == rid), None)
+
+    def post(self, path, body):
+        data = json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=15) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def force_fail(self, req, dry_run=False):
+        return self.post("/admin/force_fail", {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
+                                               "reason": "conformance", "dry_run": dry_run})

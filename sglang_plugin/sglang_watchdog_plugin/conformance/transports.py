@@ -1,0 +1,330 @@
+"""Fake transport libraries below SGLang's code: NIXL's agent and Mooncake's transfer engine.
+
+SGLang's KV managers, transfer workers, senders and receivers run as they
+are; only the library they call to move bytes is replaced, and the test
+decides per room what a transfer does:
+
+* ``COMPLETE``: done at once;
+* ``HANG``: never done (NIXL: ``check_xfer_state`` answers "PROC" for ever;
+  Mooncake: the synchronous batch call blocks until the fabric closes);
+* ``slow(seconds)``: done after that long;
+* ``FAIL``: the transport reports an error (NIXL "ERR", Mooncake -1).
+
+The fabric records every transfer it was asked for (room, chunk kind,
+start, end), which is how tests tell a chunk in flight from one settled.
+"""
+
+import itertools
+import re
+import threading
+import time
+import types
+
+from .loader import install_module
+
+COMPLETE = "complete"
+HANG = "hang"
+FAIL = "fail"
+
+
+def slow(seconds):
+    return ("slow", float(seconds))
+
+
+class Transfer:
+    """One transfer the fabric was asked for."""
+
+    def __init__(self, room, notif, behaviour):
+        self.room = room
+        self.notif = notif
+        self.behaviour = behaviour
+        self.started = time.monotonic()
+        self.ended = None
+        self.state = "PROC"
+
+    def settle(self, now):
+        if self.ended is not None:
+            return self.state
+        behaviour = self.behaviour
+        if behaviour == COMPLETE or (isinstance(behaviour, tuple) and now - self.started >= behaviour[1]):
+            self.state, self.ended = "DONE", now
+        elif behaviour == FAIL:
+            self.state, self.ended = "ERR", now
+        return self.state
+
+
+class Fabric:
+    """What both fake libraries share in one process: the plan per room and the transfers made."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.plans = {}
+        self.default = COMPLETE
+        self.transfers = []
+        self.closed = threading.Event()
+        self.notifs = {}  # agent name -> [notification bytes]
+        self.ranges = []  # (first byte, end, room): decode memory each room's transfers write into
+
+    def plan(self, room, behaviour):
+        with self.lock:
+            self.plans[int(room)] = behaviour
+
+    def claim(self, room, start, length):
+        """Decode memory that belongs to a room: a transfer writing there is that room's."""
+        with self.lock:
+            self.ranges.append((start, start + length, int(room)))
+
+    def room_at(self, address):
+        with self.lock:
+            for start, end, room in reversed(self.ranges):
+                if start <= address < end:
+                    return room
+        return None
+
+    def start(self, room, notif=None):
+        with self.lock:
+            transfer = Transfer(room, notif, self.plans.get(room, self.default))
+            self.transfers.append(transfer)
+            return transfer
+
+    def of_room(self, room):
+        with self.lock:
+            return [t for t in self.transfers if t.room == room]
+
+    def in_flight(self, room):
+        now = time.monotonic()
+        return [t for t in self.of_room(room) if t.settle(now) == "PROC"]
+
+    def deliver(self, agent, notif):
+        with self.lock:
+            self.notifs.setdefault(agent, []).append(notif)
+
+    def take_notifs(self, agent):
+        with self.lock:
+            return self.notifs.pop(agent, [])
+
+    def end_hangs(self, rooms):
+        """Fails the hung transfers of these rooms, so the workers they hold move on (a test's clean-up)."""
+        rooms = set(rooms)
+        with self.lock:
+            for transfer in self.transfers:
+                if transfer.room in rooms and transfer.behaviour == HANG:
+                    transfer.behaviour = FAIL
+
+    def close(self):
+        """Lets every blocked Mooncake call return (failed), so threads can end."""
+        self.closed.set()
+
+
+fabric = Fabric()
+
+_ROOM = re.compile(rb"^(\d+)")
+
+
+def _room_of(notif):
+    if notif is None:
+        return None
+    if isinstance(notif, str):
+        notif = notif.encode()
+    match = _ROOM.match(bytes(notif))
+    return int(match.group(1)) if match else None
+
+
+# NIXL ---------------------------------------------------------------------
+
+class NixlError(Exception):
+    pass
+
+
+class _Descs:
+    def __init__(self, items=()):
+        self.items = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def trim(self):
+        return self
+
+
+class _Handle:
+    _ids = itertools.count(1)
+
+    def __init__(self, transfer, remote):
+        self.id = next(self._ids)
+        self.transfer = transfer
+        self.remote = remote
+        self.notified = False
+
+
+class NixlAgent:
+    """The subset of ``nixl._api.nixl_agent`` SGLang's NIXL backend calls, over the fabric."""
+
+    def __init__(self, name, config=None, *args, **kwargs):
+        self.name = name
+        self.backends = []
+
+    def create_backend(self, name, params=None):
+        self.backends.append(name)
+
+    def get_plugin_list(self):
+        return ["UCX", "LIBFABRIC", "GDS", "GDS_MT", "OBJ", "UCCL", "MOONCAKE"]
+
+    def register_memory(self, addrs, mem_type=None, *args, **kwargs):
+        return _Descs(addrs if isinstance(addrs, (list, tuple)) else [addrs])
+
+    def deregister_memory(self, *args, **kwargs):
+        pass
+
+    def get_reg_descs(self, addrs, mem_type=None, *args, **kwargs):
+        return _Descs(addrs)
+
+    def get_xfer_descs(self, addrs, mem_type=None, *args, **kwargs):
+        return _Descs(addrs if isinstance(addrs, (list, tuple)) else [addrs])
+
+    def prep_xfer_dlist(self, agent_name, descs, mem_type=None, *args, **kwargs):
+        return ("prepped", agent_name)
+
+    def get_agent_metadata(self):
+        return self.name.encode() if isinstance(self.name, str) else bytes(self.name)
+
+    def add_remote_agent(self, metadata):
+        return bytes(metadata).decode() if not isinstance(metadata, str) else metadata
+
+    def remove_remote_agent(self, name):
+        pass
+
+    def _xfer(self, remote, notif):
+        return _Handle(fabric.start(_room_of(notif), notif), remote)
+
+    def initialize_xfer(self, op, local, remote_descs, remote_agent, notif=b"", *args, **kwargs):
+        return self._xfer(remote_agent, notif)
+
+    def make_prepped_xfer(self, op, local_side, local_idx, remote_side, remote_idx, notif=b"", *args, **kwargs):
+        remote = remote_side[1] if isinstance(remote_side, tuple) else remote_side
+        return self._xfer(remote, notif)
+
+    def transfer(self, handle, notif=None, *args, **kwargs):
+        state = handle.transfer.settle(time.monotonic())
+        return "ERR" if state == "ERR" else "PROC" if state == "PROC" else "DONE"
+
+    def check_xfer_state(self, handle):
+        state = handle.transfer.settle(time.monotonic())
+        if state == "PROC":
+            time.sleep(0.001)  # SGLang's worker spins on this call; a real one takes time too
+        elif state == "DONE" and not handle.notified and handle.transfer.notif:
+            handle.notified = True
+            fabric.deliver(handle.remote, bytes(handle.transfer.notif) if not isinstance(
+                handle.transfer.notif, str) else handle.transfer.notif.encode())
+        return state
+
+    def release_xfer_handle(self, handle):
+        pass
+
+    def release_dlist_handle(self, handle):
+        pass
+
+    def send_notif(self, remote_agent, msg):
+        fabric.deliver(remote_agent, msg if isinstance(msg, bytes) else str(msg).encode())
+
+    def get_new_notifs(self):
+        notifs = fabric.take_notifs(self.name)
+        return {"peer": notifs} if notifs else {}
+
+    def query_xfer_backend(self, handle):
+        return "UCX"
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+
+def _nixl_modules():
+    nixl = types.ModuleType("nixl")
+    nixl.__path__ = []
+    api = types.ModuleType("nixl._api")
+    api.nixl_agent = NixlAgent
+    api.nixl_agent_config = lambda *args, **kwargs: types.SimpleNamespace(args=args, kwargs=kwargs)
+    api.nixl_thread_sync_t = types.SimpleNamespace(NIXL_THREAD_SYNC_STRICT="strict", NIXL_THREAD_SYNC_NONE="none")
+    bindings = types.ModuleType("nixl._bindings")
+    for name in ("nixlBackendError", "nixlCancelledError", "nixlRemoteDisconnectError", "nixlNotFoundError",
+                 "nixlInvalidParamError"):
+        setattr(bindings, name, type(name, (NixlError,), {}))
+    nixl._api, nixl._bindings = api, bindings
+    return {"nixl": nixl, "nixl._api": api, "nixl._bindings": bindings}
+
+
+# Mooncake -----------------------------------------------------------------
+
+class MooncakeEngine:
+    """``mooncake.engine.TransferEngine``: synchronous transfers, so a hang blocks the calling worker."""
+
+    _ports = itertools.count(17000)
+
+    def __init__(self, *args, **kwargs):
+        self.port = next(self._ports)
+
+    def initialize(self, *args, **kwargs):
+        return 0
+
+    def initialize_ext(self, *args, **kwargs):
+        return 0
+
+    def get_rpc_port(self):
+        return self.port
+
+    def register_memory(self, *args, **kwargs):
+        return 0
+
+    def unregister_memory(self, *args, **kwargs):
+        return 0
+
+    def batch_register_memory(self, *args, **kwargs):
+        return 0
+
+    def batch_unregister_memory(self, *args, **kwargs):
+        return 0
+
+    def _sync(self, room):
+        transfer = fabric.start(room)
+        while True:
+            now = time.monotonic()
+            state = transfer.settle(now)
+            if state == "DONE":
+                return 0
+            if state == "ERR":
+                return -1
+            if fabric.closed.wait(0.01):
+                transfer.state, transfer.ended = "ERR", now
+                return -1
+
+    def transfer_sync_write(self, session, src, dst, length, *args, **kwargs):
+        return self._sync(fabric.room_at(int(dst)))
+
+    def batch_transfer_sync_write(self, session, srcs, dsts, lengths, *args, **kwargs):
+        return self._sync(fabric.room_at(int(dsts[0])) if len(dsts) else None)
+
+    transfer_sync_read = transfer_sync_write
+    batch_transfer_sync_read = batch_transfer_sync_write
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: 0
+
+
+def _mooncake_modules():
+    mooncake = types.ModuleType("mooncake")
+    mooncake.__path__ = []
+    engine = types.ModuleType("mooncake.engine")
+    engine.TransferEngine = MooncakeEngine
+    mooncake.engine = engine
+    return {"mooncake": mooncake, "mooncake.engine": engine}
+
+
+def install():
+    """Puts the fake NIXL and Mooncake libraries in place of any real ones, in this process."""
+    for modules in (_nixl_modules(), _mooncake_modules()):
+        for name, module in modules.items():
+            install_module(name, module)
