@@ -80,7 +80,8 @@ class Bench:
 
     # Requests -------------------------------------------------------------
 
-    def _prepare(self, room, behaviour, chunks, rid):
+    def prepare(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
+        """A request bootstrapped and sent, not yet in the queue (admit and admit_held queue it)."""
         transports.fabric.plan(room, behaviour)
         # The request's metadata slot, from SGLang's own allocator, as the bootstrap queue takes it.
         slot = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
@@ -96,7 +97,7 @@ class Bench:
 
     def admit(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
         """A request whose forward pass is done: bootstrapped, its KV handed to the sender, in the inflight queue."""
-        req = self._prepare(room, behaviour, chunks, rid)
+        req = self.prepare(room, behaviour, chunks, rid)
         with self._lock:
             self._pending.append(req)
         sch._until(lambda: self.listed(req.rid) is not None or req in self.scheduler.streamed, 10,

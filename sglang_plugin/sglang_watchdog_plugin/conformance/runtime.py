@@ -142,7 +142,10 @@ class Runtime:
 
     # KV managers ----------------------------------------------------------
 
-    def kv_args(self, backend, mode, pages=256, page_size=1, aux_slots=64):
+    # Requests in flight at once per bench: metadata slots, and 4 KV pages each.
+    slots = 64
+
+    def kv_args(self, backend, mode, page_size=1):
         """SGLang's KVArgs for a one-layer CPU pool: every field it declares, with the ones that matter filled in."""
         import numpy as np
 
@@ -150,7 +153,8 @@ class Runtime:
         args = KVArgs()
         for name, hint in typing.get_type_hints(KVArgs, include_extras=False).items() if _hints(KVArgs) else ():
             setattr(args, name, _default_for(hint))
-        item_len = 256
+        item_len, aux_slots = 256, self.slots
+        pages = 4 * aux_slots
         self._buffers = getattr(self, "_buffers", [])
         kv = np.zeros(pages * page_size * item_len, dtype=np.uint8)
         aux = np.zeros(aux_slots * 64, dtype=np.uint8)

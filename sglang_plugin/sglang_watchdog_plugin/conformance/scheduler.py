@@ -111,7 +111,7 @@ class PrefillScheduler:
     """Built by ``prefill_scheduler``: a class derived from the release's prefill mixin."""
 
 
-def prefill_scheduler(rt, backend, manager, metadata_slots=64):
+def prefill_scheduler(rt, backend, manager):
     Mixin = rt.prefill.SchedulerDisaggregationPrefillMixin
     cls = type("PrefillScheduler", (Mixin,), {
         "stream_output": _record_stream,
@@ -120,7 +120,7 @@ def prefill_scheduler(rt, backend, manager, metadata_slots=64):
     s = cls()
     _common(s, rt, backend, rt.Mode.PREFILL)
     s.disagg_prefill_inflight_queue = []
-    s.req_to_metadata_buffer_idx_allocator = rt.utils.ReqToMetadataIdxAllocator(metadata_slots)
+    s.req_to_metadata_buffer_idx_allocator = rt.utils.ReqToMetadataIdxAllocator(rt.slots)
     s.disagg_prefill_bootstrap_queue = types.SimpleNamespace(kv_manager=manager, queue=[])
     s.kv_manager = manager
     return s
