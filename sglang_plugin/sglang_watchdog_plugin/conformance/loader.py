@@ -309,17 +309,27 @@ def use_source(src=None):
 
 
 def _version(folder):
-    try:
-        with open(os.path.join(folder, "version.py")) as f:
-            match = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read())
-            return match.group(1) if match else None
-    except OSError:
-        try:
-            from importlib.metadata import version
+    """The release's version where it is written down (an installed package, a built tree), else None.
 
-            return version("sglang")
-        except Exception:
-            return None
+    A plain source tree computes its version from git at build time: its
+    version.py only holds a fallback ("0.0.0.dev0"), which would be a lie here.
+    """
+    try:
+        with open(os.path.join(folder, "_version.py")) as f:
+            match = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", f.read())
+            if match:
+                return match.group(1)
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        dist = distribution("sglang")
+        if os.path.realpath(str(dist.locate_file("sglang"))) == os.path.realpath(folder):
+            return dist.version
+    except (PackageNotFoundError, ImportError):
+        pass
+    return None
 
 
 def _is_own(name):
