@@ -45,6 +45,9 @@ const (
 	// Round 3: decode. The transfer into the request's pages may still be
 	// live and the caller did not assert that prefill stopped sending.
 	ResultTransferLive = "transfer_live"
+	// The levers were pulled, yet the sender does not poll Failed: SGLang
+	// will not release the request (HTTP 500, counted as an error).
+	ResultLeverIneffective = "lever_ineffective"
 )
 
 // Disaggregation modes (server.disaggregation_mode).
