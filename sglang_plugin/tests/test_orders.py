@@ -37,6 +37,15 @@ class ApplyOrderTest(unittest.TestCase):
                          ("already_failed", "conclude_state", ["abort"]))
         self.assertEqual(sender.write_threads, [])
 
+    def test_a_lever_that_does_not_take_is_never_flipped(self):
+        """The code read said abort() works; the sender says otherwise after the pull: 500, not flipped."""
+        sender = standins.MooncakeKVSender(self.mgr, 3, status=KVPoll.Transferring)
+        sender.abort = lambda: None  # what a release whose abort() changed under the code read would do
+        outcome = orders.apply_order(order("c", 3), [standins.Req("c", 3, sender)],
+                                     lambda s: capabilities.Capabilities((capabilities.ABORT,), ""))
+        self.assertEqual((outcome.status, outcome.body["result"], outcome.body["levers"]),
+                         (500, "lever_ineffective", ["abort"]))
+
     def test_nixl_pulls_abort_then_the_flip(self):
         # abort() alone sets conclude_state, which NIXL's poll() never reads:
         # the flip is what releases a room whose status entry is gone.
