@@ -151,6 +151,35 @@ class DetectionTest(unittest.TestCase):
         caps = capabilities.detect(Silent, standins.KVManager, "")
         self.assertEqual(caps, capabilities.Capabilities((), "Silent.abort() does nothing"))
 
+    def test_abort_through_super_and_self_calls(self):
+        """v0.5.18's MooncakeKVSender.abort is super().abort() plus tracing; the work is in the parent's."""
+        KVPoll = standins.KVPoll
+
+        class Parent:
+            def abort(self):
+                self._conclude()
+
+            def _conclude(self):
+                self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+                self.conclude_state = KVPoll.Failed
+
+        class Child(Parent):
+            def abort(self):
+                super().abort()
+                self.trace_ctx.abort(abort_info={"reason": "Aborted"})
+
+            def poll(self):
+                return self.conclude_state if self.conclude_state is not None else KVPoll.Transferring
+
+        class TracingOnly(Parent):
+            def abort(self):
+                self.trace_ctx.abort(abort_info={"reason": "Aborted"})
+
+            poll = Child.poll
+
+        self.assertEqual(capabilities.detect(Child, standins.KVManager, ""), capabilities.Capabilities(("abort",), ""))
+        self.assertEqual(capabilities.detect(TracingOnly, standins.KVManager, "").levers, ())
+
     def test_queue_keys(self):
         newest = standins.NewestNixlKVManager()
         newest.register_destinations(1, (17001, 17002))
