@@ -163,6 +163,8 @@ func classifyRestart(supported bool, status int, resp *pluginapi.RestartResponse
 	switch {
 	case !supported || status == http.StatusNotFound:
 		return RestartUnsupported
+	case status == http.StatusNotImplemented && resp != nil && resp.Result == pluginapi.ResultRestartUnsupported:
+		return RestartUnsupported
 	case err != nil || resp == nil:
 		return RestartError
 	case status == http.StatusAccepted && resp.Result == pluginapi.ResultRestarting:
