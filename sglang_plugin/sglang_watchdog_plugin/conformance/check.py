@@ -221,7 +221,8 @@ def _stuck_lever(bench, res, timeout):
         if bench.queued(req.rid):
             res.lever_released = False
             res.row("stuck request, plugin force-fail",
-                    f"unsupported (501): {body.get('error') or res.lever_note or 'no reason given'}; nothing changed")
+                    f"unsupported (501): {body.get('error') or res.lever_note or 'no reason given'}"
+                    + ("" if "nothing was changed" in (body.get("error") or "") else "; nothing changed"))
         else:
             res.row("stuck request, plugin force-fail", "501 unsupported, yet the request left the queue  <- unexpected")
     else:
@@ -311,6 +312,10 @@ def main(argv=None):
                          f"{type(e).__name__}: {e}\n")
         if os.environ.get("SGLANG_WATCHDOG_CHECK_DEBUG"):
             traceback.print_exc()
+        return 2
+    gap = rt.harness_gap()
+    if gap:
+        sys.stderr.write(f"sglang-watchdog user check: cannot check SGLang {rt.version or '?'} here: {gap}\n")
         return 2
     abort_reached = abort_reaches_inflight_queue(loader.loaded.source or "")
     results = [check_backend(rt, backend, abort_reached, timeout=15) for backend in (args.backend or runtime.BACKENDS)]
