@@ -70,26 +70,26 @@ class Runtime:
         self._bootstrap_servers = {}
 
     def harness_gap(self):
-        """Why the Bench cannot drive this release's prefill pass yet, or None. Read from the loaded code.
-
-        The Bench's loop calls the inflight pass on every iteration, as the
-        newer event loops do; a pass that asserts a non-empty queue belongs
-        to an event loop that calls it only with requests queued (v0.4.6).
-        """
-        import inspect
-
-        try:
-            fn = inspect.unwrap(self.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue)
-            source = inspect.getsource(fn)
-        except (OSError, TypeError, AttributeError):
-            return None
-        if "assert len(self.disagg_prefill_inflight_queue) > 0" in source:
-            return ("this SGLang's process_disagg_prefill_inflight_queue asserts a non-empty queue (its event loop "
-                    "calls it only with requests queued) and raises on KVPoll.Failed; the harness's scheduler loop "
-                    "and senders are not adapted to it yet (also: its NixlKVSender.send takes (kv_indices, "
-                    "index_slice, is_last), and its MooncakeKVManager sizes its sender pool min(os.cpu_count() // 4,"
-                    " 16), which is 0 below 4 CPUs)")
+        """Why the harness cannot drive this release's prefill pass, or None (none known today)."""
         return None
+
+    def pass_needs_requests(self):
+        """Whether this release's event loop calls the inflight pass only with requests queued.
+
+        Read from the loaded event loop: older ones guard the call with
+        ``len(self.disagg_prefill_inflight_queue) > 0`` (and their pass asserts
+        it); newer ones call it on every iteration.
+        """
+        Mixin = self.prefill.SchedulerDisaggregationPrefillMixin
+        for name in dir(Mixin):
+            if name.startswith("event_loop") and "prefill" in name:
+                try:
+                    source = inspect.getsource(inspect.unwrap(getattr(Mixin, name)))
+                except (OSError, TypeError):
+                    continue
+                if "len(self.disagg_prefill_inflight_queue) > 0" in source:
+                    return True
+        return False
 
     # Process state --------------------------------------------------------
 
@@ -198,7 +198,20 @@ class Runtime:
         if backend == "mooncake":
             self._shared_mooncake_engine()
         args = [self.kv_args(backend, mode), mode, self._server_args_for(backend), False]
-        return Manager(*args[: len(inspect.signature(Manager).parameters)])
+        args = args[: len(inspect.signature(Manager).parameters)]
+        try:
+            return Manager(*args)
+        except ValueError as e:
+            if "max_workers" not in str(e):
+                raise
+            # A pool sized from the CPU count that comes out 0 on a small machine (v0.4.6 Mooncake:
+            # min(os.cpu_count() // 4, 16)); a serving host has the CPUs, so build it as on 4.
+            real = os.cpu_count
+            os.cpu_count = lambda: max(4, real() or 1)
+            try:
+                return Manager(*args)
+            finally:
+                os.cpu_count = real
 
     def _server_args_for(self, backend):
         """The server args with this backend's bootstrap port: each backend has its own bootstrap server here."""
