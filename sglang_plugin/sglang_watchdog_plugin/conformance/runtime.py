@@ -69,10 +69,6 @@ class Runtime:
         self.rooms = itertools.count(1000)
         self._bootstrap_servers = {}
 
-    def harness_gap(self):
-        """Why the harness cannot drive this release's prefill pass, or None (none known today)."""
-        return None
-
     def pass_needs_requests(self):
         """Whether this release's event loop calls the inflight pass only with requests queued.
 
