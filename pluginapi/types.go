@@ -71,6 +71,10 @@ const (
 	// ResultTooSoon (429): within the plugin's own minimum interval between
 	// restarts of its server, which outlives the watchdog's memory.
 	ResultTooSoon = "too_soon"
+	// ResultRestartUnsupported (501): no signal known to the plugin ends
+	// SGLang's whole server on this node (its launcher handles no SIGQUIT,
+	// or the process tree is not visible); nothing was done.
+	ResultRestartUnsupported = "restart_unsupported"
 )
 
 // Levers the plugin can set.

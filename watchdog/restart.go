@@ -19,7 +19,9 @@ import (
 // polls its handles with no deadline), and SGLang's own answer to a
 // scheduler it cannot recover is to end the server so that the orchestrator
 // restarts it (run_scheduler_process in managers/scheduler.py sends SIGQUIT
-// to the server's parent process). The watchdog asks the plugin to do the same,
+// to its parent process; the plugin sends it to SGLang's launcher, the top of
+// the tree, since under DP the parent is the DataParallelController, which
+// has no SIGQUIT handler). The watchdog asks the plugin to do the same,
 // only for a diagnosed (never a suspected) wedge that a re-read still
 // shows, at most once per RestartMinInterval for the pod and never twice
 // for the same process.
@@ -162,6 +164,8 @@ func wedgeEvidence(l *pluginapi.Listing, room uint64) bool {
 func classifyRestart(supported bool, status int, resp *pluginapi.RestartResponse, err error) string {
 	switch {
 	case !supported || status == http.StatusNotFound:
+		return RestartUnsupported
+	case status == http.StatusNotImplemented && resp != nil && resp.Result == pluginapi.ResultRestartUnsupported:
 		return RestartUnsupported
 	case err != nil || resp == nil:
 		return RestartError

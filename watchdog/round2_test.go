@@ -759,6 +759,18 @@ func TestRestartTooSoonIsItsOwnResult(t *testing.T) {
 	}
 }
 
+// A plugin that finds no way to end SGLang's whole server (its launcher
+// handles no SIGQUIT) answers 501 restart_unsupported: unsupported, not an
+// error; another 501 is no answer of the plugin's.
+func TestRestartUnsupportedByThePlugin(t *testing.T) {
+	if got := classifyRestart(true, http.StatusNotImplemented, &pluginapi.RestartResponse{Result: pluginapi.ResultRestartUnsupported}, nil); got != RestartUnsupported {
+		t.Errorf("501 restart_unsupported classified %q, want %q", got, RestartUnsupported)
+	}
+	if got := classifyRestart(true, http.StatusNotImplemented, &pluginapi.RestartResponse{Result: "nope"}, nil); got != RestartError {
+		t.Errorf("501 nope classified %q, want %q", got, RestartError)
+	}
+}
+
 func TestRestartSourceDownThenNewProcess(t *testing.T) {
 	p := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {

@@ -154,7 +154,7 @@ const (
 	RestartRestarted    = "restarted"     // the plugin answered 202 restarting
 	RestartWouldRestart = "would_restart" // --restart.mode=dry-run
 	RestartDisabled     = "disabled"      // 403: the plugin does not allow restarts
-	RestartUnsupported  = "unsupported"   // 404: an older plugin
+	RestartUnsupported  = "unsupported"   // 404: an older plugin; 501: no way to end SGLang's server on this node
 	RestartRejected     = "rejected"      // 400, 401, 409 pid_mismatch
 	RestartTooSoon      = "too_soon"      // 429: within the plugin's own minimum interval
 	RestartError        = "error"         // no usable answer

@@ -11,6 +11,8 @@ import unittest
 if __name__ == "__main__":
     program = unittest.main(module=None, argv=[sys.argv[0], "discover", "-s", os.path.dirname(__file__),
                                                "-t", os.path.dirname(os.path.dirname(__file__))], exit=False)
+    for reason in sorted({reason for _, reason in program.result.skipped}):
+        print(f"conformance: skipped: {reason}")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if program.result.wasSuccessful() else 1)

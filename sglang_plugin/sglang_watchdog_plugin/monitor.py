@@ -25,7 +25,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from . import capabilities
+from . import capabilities, process_tree
 from .identity import sglang_version
 from .observe import UNKNOWN, observe, outstanding_chunks, poll_name
 from .orders import (
@@ -107,6 +107,8 @@ class Monitor:
         # re-parented since then must not signal its new parent.
         self.parent_pid = os.getppid()
         self.kill = os.kill  # injectable: tests must never end the test runner
+        # Where a restart's signal goes (SGLang's launcher, found by walking /proc): injectable too.
+        self.find_restart_target = process_tree.serving_top
         self.exit = os._exit
         self.order_timeout = ORDER_TIMEOUT_S
         self.max_pending_orders = MAX_PENDING_ORDERS
@@ -427,31 +429,51 @@ class Monitor:
         """The facts of the latest observation of this rid (rid, bootstrap_room, health_check), or None."""
         return next((facts for _, facts, *_ in _listed(self.snapshot) if facts.rid == rid), None)
 
+    def restart_target(self):
+        """SGLang's launcher to signal (process_tree.serving_top), refused if this process was re-parented."""
+        target = self.find_restart_target()
+        if target.ok and len(target.chain) > 1 and target.chain[1] != self.parent_pid:
+            return process_tree.Target(None, None, "", target.chain,
+                                       f"this process's parent changed since load (was pid {self.parent_pid}, now "
+                                       f"pid {target.chain[1]}): SGLang's launcher is gone")
+        return target
+
     def restart(self, pid, dry_run):
         """Decides a restart order (the HTTP handler sends the answer, then calls end_process)."""
         me = os.getpid()
         if pid != me:
             return Outcome(409, {"result": "pid_mismatch", "pid": me,
                                  "error": f"pid {pid} is not this process (pid {me}); it may have restarted already"})
+        target = self.restart_target()
+        if not target.ok:
+            return Outcome(501, {"result": "restart_unsupported", "pid": me, "signal_target": target.json(),
+                                 "error": f"a restart would not end SGLang's server: {target.reason}"})
+        self._restart_target = target
         if dry_run:
-            return Outcome(200, {"result": "would_restart", "pid": me})
-        return Outcome(202, {"result": "restarting", "pid": me})
+            return Outcome(200, {"result": "would_restart", "pid": me, "signal_target": target.json()})
+        return Outcome(202, {"result": "restarting", "pid": me, "signal_target": target.json()})
 
     def end_process(self, reason):
-        """Ends the process as SGLang's NIXL peer recovery does when a transfer cannot be retired.
+        """Ends SGLang's server on this node as its own child-failure path does, then this process.
 
-        SIGQUIT to the parent makes SGLang's launcher tear the server down;
-        exit status 1 (os._exit: this runs on a listener thread) lets the
-        orchestrator restart it.
+        SIGQUIT to SGLang's launcher (the top of the tree: the HTTP server and
+        tokenizer manager, found by restart_target; under DP the scheduler's
+        parent is the DataParallelController, which has no SIGQUIT handler),
+        whose handler kills the whole process tree; then exit status 1
+        (os._exit: this runs on a listener thread) so that the orchestrator
+        restarts the server.
         """
-        parent = self.parent_pid
-        logger.error("sglang-watchdog plugin ends this scheduler process on request: %s (SIGQUIT to parent %d, "
-                     "exit status 1)", reason or "no reason given", parent)
+        target = getattr(self, "_restart_target", None)
+        if target is None or not target.ok:
+            target = self.restart_target()
+        logger.error("sglang-watchdog plugin ends SGLang's server on request: %s (%s to pid %s, the top of its "
+                     "process tree, then exit status 1)", reason or "no reason given",
+                     signal.Signals(target.signal).name if target.ok else "no signal", target.pid)
         try:
-            if parent > 1:  # never signal init or an unknown parent
-                self.kill(parent, signal.SIGQUIT)
+            if target.ok and target.pid != os.getpid():
+                self.kill(target.pid, target.signal)
         except OSError as e:
-            logger.error("cannot signal parent process %d: %s", parent, e)
+            logger.error("cannot signal process %d: %s", target.pid, e)
         finally:
             self.exit(1)
 

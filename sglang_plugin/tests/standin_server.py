@@ -108,7 +108,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sglang_watchdog_plugin import hook  # noqa: E402
+from sglang_watchdog_plugin import hook, process_tree  # noqa: E402
 from tests import standins  # noqa: E402
 
 PASS_INTERVAL_S = 0.01
@@ -246,6 +246,9 @@ def plugin_environment(port, token_file, allow_restart):
 def log_instead_of_kill(monitor):
     monitor.kill = lambda pid, sig: logging.getLogger("standin").info(
         "not sending signal %d to parent %d: it is the test runner, not SGLang's launcher", sig, pid)
+    # The test runner above this stand-in is no SGLang launcher: stand in for the one a real scheduler has.
+    monitor.find_restart_target = lambda: process_tree.Target(
+        os.getppid(), signal.SIGQUIT, "the test runner (standing in for SGLang's launcher)", [os.getpid(), os.getppid()])
 
 
 def stop_event():

@@ -8,6 +8,8 @@ import threading
 import time
 import unittest
 
+from sglang_watchdog_plugin import process_tree
+
 from . import harness, standins
 
 TOKEN = "r3start-t0ken"
@@ -33,6 +35,9 @@ class Serving(unittest.TestCase):
         monitor.kill = lambda pid, sig: self.calls.append(("kill", pid, sig))
         monitor.exit = lambda status: (self.calls.append(("exit", status)), self.ended.set())
         monitor.parent_pid = 424242
+        # SGLang's launcher, as process_tree would find it (tests/test_process_tree.py walks real trees).
+        monitor.find_restart_target = lambda: process_tree.Target(
+            424242, signal.SIGQUIT, "python3 -m sglang.launch_server", [os.getpid(), 424242])
         return monitor, harness.Client(monitor.listener.port)
 
     def restart(self, client, payload, token=TOKEN, raw=None):
@@ -43,16 +48,31 @@ class RestartTest(Serving):
     def test_restart_signals_the_parent_and_exits_1_after_answering(self):
         _, client = self.serve()
         status, body = self.restart(client, {"pid": os.getpid(), "reason": "transfer queue 2 wedged"})
-        self.assertEqual((status, body), (202, {"result": "restarting", "pid": os.getpid()}))
+        self.assertEqual((status, body["result"], body["pid"]), (202, "restarting", os.getpid()))
+        self.assertEqual(body["signal_target"]["pid"], 424242)
+        self.assertEqual(body["signal_target"]["signal"], "SIGQUIT")
         self.assertTrue(self.ended.wait(5))
         self.assertEqual(self.calls, [("kill", 424242, signal.SIGQUIT), ("exit", 1)])
 
-    def test_init_is_never_signalled(self):
+    def test_without_a_launcher_to_signal_the_restart_is_refused(self):
         monitor, client = self.serve()
-        monitor.parent_pid = 1
-        self.assertEqual(self.restart(client, {"pid": os.getpid()})[0], 202)
-        self.assertTrue(self.ended.wait(5))
-        self.assertEqual(self.calls, [("exit", 1)])
+        monitor.find_restart_target = lambda: process_tree.Target(
+            None, None, "bash", [os.getpid(), 77], "the top of this process tree (pid 77: bash) does not handle SIGQUIT")
+        for dry_run in (True, False):
+            status, body = self.restart(client, {"pid": os.getpid(), "dry_run": dry_run})
+            self.assertEqual((status, body["result"]), (501, "restart_unsupported"), body)
+            self.assertIn("does not handle SIGQUIT", body["error"])
+        time.sleep(0.2)
+        self.assertEqual(self.calls, [])
+
+    def test_a_reparented_process_signals_nobody(self):
+        monitor, client = self.serve()
+        monitor.parent_pid = 4242  # the parent at load is gone: the walk starts from another one
+        status, body = self.restart(client, {"pid": os.getpid()})
+        self.assertEqual((status, body["result"]), (501, "restart_unsupported"), body)
+        self.assertIn("parent changed", body["error"])
+        time.sleep(0.2)
+        self.assertEqual(self.calls, [])
 
     def test_dry_run_and_refusals_change_nothing(self):
         _, client = self.serve()

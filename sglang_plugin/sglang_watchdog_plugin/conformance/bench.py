@@ -37,12 +37,17 @@ class Bench:
         self._held = threading.Event()
         self._thread = None
         self.links = {}
+        self.needs_requests = rt.pass_needs_requests()
+        self._first_rooms = iter(range(900000, 999999))
 
     def start(self):
         os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")
         os.environ["SGLANG_WATCHDOG_PLUGIN_PORT"] = "0"
         self._thread = threading.Thread(target=self._loop, name="bench-scheduler", daemon=True)
         self._thread.start()
+        if self.needs_requests:
+            # The plugin starts at its first hooked pass, which such an event loop makes only for a request.
+            self.admit(next(self._first_rooms), transports.COMPLETE, rid="bench-first-request")
         sch._until(lambda: self.monitor is not None, 30, "the plugin's first hooked pass")
         return self
 
@@ -72,7 +77,8 @@ class Bench:
                 pending, self._pending = self._pending, []
             self.scheduler.disagg_prefill_inflight_queue.extend(pending)
             try:
-                self.scheduler.process_disagg_prefill_inflight_queue()
+                if self.scheduler.disagg_prefill_inflight_queue or not self.needs_requests:
+                    self.scheduler.process_disagg_prefill_inflight_queue()
             except Exception as e:  # a real scheduler process dies here
                 self.errors.append(e)
             self.passes += 1
@@ -114,7 +120,15 @@ class Bench:
 
     def health_check(self, room, rid=None):
         """SGLang's health check request: a fake sender (FakeKVSender), which the plugin must never fail."""
-        fake = sch.runtime_module.loader.load("sglang.srt.disaggregation.fake.conn")[0]
+        try:
+            fake = sch.runtime_module.loader.load("sglang.srt.disaggregation.fake.conn")[0]
+        except ImportError:
+            # Releases without a fake backend (v0.4.6): a health check gets a real sender and transfer,
+            # made slow here so that it is still listed when the order comes.
+            req = self._prepare(room, transports.slow(1.5), 1, rid or f"HEALTH_CHECK_{room}")
+            with self._lock:
+                self._pending.append(req)
+            return req
         Sender = sch.runtime_module._class_named(fake, "fakekvsender")
         sender = Sender(**sch._accepted(Sender, mgr=self.prefill_mgr, bootstrap_addr="2.2.2.2:8998",
                                         bootstrap_room=room, dest_tp_ranks=[0], pp_rank=0))
@@ -124,6 +138,32 @@ class Bench:
         with self._lock:
             self._pending.append(req)
         return req
+
+    @property
+    def has_fake_backend(self):
+        """Whether this release has SGLang's fake KV backend (health checks and warm-up on a FakeKVSender).
+
+        Without it (v0.4.6) a health check has a real sender and only its
+        HEALTH_CHECK rid marks it, and the warm-up request is skipped in PD mode.
+        """
+        import importlib.util
+
+        try:
+            return importlib.util.find_spec("sglang.srt.disaggregation.fake") is not None
+        except ImportError:
+            return False
+
+    def finish_health_check(self, req):
+        """Lets a health check's transfer end: a fake sender is told its KV was sent; a real one finishes alone."""
+        sender = req.disagg_kv_sender
+        if req.rid in self.links:
+            return
+        import inspect
+
+        if any(p.default is inspect.Parameter.empty for p in inspect.signature(sender.send).parameters.values()):
+            sender.send(None)
+        else:
+            sender.send()
 
     def queued(self, rid):
         return any(r.rid == rid for r in list(self.scheduler.disagg_prefill_inflight_queue))
@@ -150,6 +190,8 @@ class Bench:
             return json.load(r)
 
     def listed(self, rid):
+        if self.monitor is None or self.monitor.listener is None:
+            return None  # not started yet: no hooked pass so far
         try:
             rooms = self.listing().get("inflight", [])
         except OSError:

@@ -297,6 +297,7 @@ def use_source(src=None):
     package = sys.modules.get("sglang")
     if package is not None and list(getattr(package, "__path__", [])) == [folder]:
         return folder
+    version = _version(folder)  # before the bare package hides the installed one's spec
     package = types.ModuleType("sglang")
     package.__path__ = [folder]
     package.__file__ = os.path.join(folder, "__init__.py")
@@ -304,31 +305,47 @@ def use_source(src=None):
     package.__spec__.submodule_search_locations = [folder]
     sys.modules["sglang"] = package
     loaded.source = folder
-    loaded.version = _version(folder)
+    loaded.version = version
     return folder
 
 
 def _version(folder):
-    """The release's version where it is written down (an installed package, a built tree), else None.
+    """The release's version: its generated ``_version.py``, a plain ``__version__`` in ``version.py``, or pip's record.
 
-    A plain source tree computes its version from git at build time: its
-    version.py only holds a fallback ("0.0.0.dev0"), which would be a lie here.
+    A source tree of a release built with setuptools-scm has no
+    ``_version.py``, and its ``version.py`` falls back to "0.0.0.dev0": None
+    then, rather than a version that is not the release's.
     """
+    import ast
+
     try:
         with open(os.path.join(folder, "_version.py")) as f:
-            match = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", f.read())
+            match = re.search(r"^(?:__version__|version)\s*(?::\s*str)?\s*=\s*['\"]([^'\"]+)", f.read(), re.M)
             if match:
                 return match.group(1)
     except OSError:
         pass
     try:
-        from importlib.metadata import PackageNotFoundError, distribution
-
-        dist = distribution("sglang")
-        if os.path.realpath(str(dist.locate_file("sglang"))) == os.path.realpath(folder):
-            return dist.version
-    except (PackageNotFoundError, ImportError):
+        with open(os.path.join(folder, "version.py")) as f:
+            tree = ast.parse(f.read())
+        for node in tree.body:  # module level only: not a fallback inside try/except
+            if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets)
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                return node.value.value
+    except (OSError, SyntaxError, ValueError):
         pass
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations and os.path.abspath(
+            list(spec.submodule_search_locations)[0]) == os.path.abspath(folder):
+        try:
+            from importlib.metadata import version
+
+            return version("sglang")
+        except Exception:
+            return None
     return None
 
 

@@ -69,6 +69,24 @@ class Runtime:
         self.rooms = itertools.count(1000)
         self._bootstrap_servers = {}
 
+    def pass_needs_requests(self):
+        """Whether this release's event loop calls the inflight pass only with requests queued.
+
+        Read from the loaded event loop: older ones guard the call with
+        ``len(self.disagg_prefill_inflight_queue) > 0`` (and their pass asserts
+        it); newer ones call it on every iteration.
+        """
+        Mixin = self.prefill.SchedulerDisaggregationPrefillMixin
+        for name in dir(Mixin):
+            if name.startswith("event_loop") and "prefill" in name:
+                try:
+                    source = inspect.getsource(inspect.unwrap(getattr(Mixin, name)))
+                except (OSError, TypeError):
+                    continue
+                if "len(self.disagg_prefill_inflight_queue) > 0" in source:
+                    return True
+        return False
+
     # Process state --------------------------------------------------------
 
     def _server_args(self):
@@ -180,7 +198,20 @@ class Runtime:
         if backend == "mooncake":
             self._shared_mooncake_engine()
         args = [self.kv_args(backend, mode), mode, self._server_args_for(backend), False]
-        return Manager(*args[: len(inspect.signature(Manager).parameters)])
+        args = args[: len(inspect.signature(Manager).parameters)]
+        try:
+            return Manager(*args)
+        except ValueError as e:
+            if "max_workers" not in str(e):
+                raise
+            # A pool sized from the CPU count that comes out 0 on a small machine (v0.4.6 Mooncake:
+            # min(os.cpu_count() // 4, 16)); a serving host has the CPUs, so build it as on 4.
+            real = os.cpu_count
+            os.cpu_count = lambda: max(4, real() or 1)
+            try:
+                return Manager(*args)
+            finally:
+                os.cpu_count = real
 
     def _server_args_for(self, backend):
         """The server args with this backend's bootstrap port: each backend has its own bootstrap server here."""

@@ -75,7 +75,8 @@ class Link:
         self.receiver = Receiver(**_accepted(Receiver, mgr=decode_mgr, bootstrap_addr=addr, bootstrap_room=room,
                                              prefill_dp_rank=0, data_parallel_rank=0))
         # Each request writes its own decode pages and metadata slot, so a transfer is known by where it writes.
-        self.kv_indices = np.arange(slot * pages, (slot + 1) * pages, dtype=np.int32)
+        self.dtype = _index_dtype(self.receiver)
+        self.kv_indices = np.arange(slot * pages, (slot + 1) * pages, dtype=self.dtype)
         self.aux_index = slot
         args = decode_mgr.kv_args
         item = args.kv_item_lens[0]
@@ -102,9 +103,33 @@ class Link:
         params = inspect.signature(init).parameters
         init(*[self.pages, self.aux_index][: len(params)])
         per = max(1, self.pages // chunks)
+        # Earliest releases: send(kv_indices, index_slice, is_last), the page slice and the last-chunk flag
+        # given by the caller (send_kv_chunk) rather than counted by the sender.
+        sliced = "index_slice" in inspect.signature(self.sender.send).parameters
         for start in range(0, self.pages, per):
-            indices = np.arange(start, min(self.pages, start + per), dtype=np.int32)
-            self.sender.send(indices)
+            end = min(self.pages, start + per)
+            indices = np.arange(start, end, dtype=self.dtype)
+            if sliced:
+                self.sender.send(indices, slice(start, end), end >= self.pages)
+            else:
+                self.sender.send(indices)
+
+
+def _index_dtype(receiver):
+    """The dtype the release's receiver declares for KV indices (it ships their bytes; the peer reads them so).
+
+    v0.4.6 declares and reads int64, later releases int32.
+    """
+    for name in ("send_metadata", "init"):
+        fn = getattr(receiver, name, None)
+        param = inspect.signature(fn).parameters.get("kv_indices") if fn is not None else None
+        if param is not None and param.annotation is not inspect.Parameter.empty:
+            text = str(param.annotation)
+            if "int64" in text:
+                return np.int64
+            if "int32" in text:
+                return np.int32
+    return np.int32
 
 
 class PrefillScheduler:
@@ -121,7 +146,9 @@ def prefill_scheduler(rt, backend, manager):
     _common(s, rt, backend, rt.Mode.PREFILL)
     s.disagg_prefill_inflight_queue = []
     s.req_to_metadata_buffer_idx_allocator = rt.utils.ReqToMetadataIdxAllocator(rt.slots)
-    s.disagg_prefill_bootstrap_queue = types.SimpleNamespace(kv_manager=manager, queue=[])
+    # The bootstrap queue holds the allocator too: the earliest releases free metadata slots through it.
+    s.disagg_prefill_bootstrap_queue = types.SimpleNamespace(
+        kv_manager=manager, queue=[], req_to_metadata_buffer_idx_allocator=s.req_to_metadata_buffer_idx_allocator)
     s.kv_manager = manager
     return s
 
