@@ -37,6 +37,7 @@ class Bench:
         self._held = threading.Event()
         self._thread = None
         self.links = {}
+        self.after_pass = []  # callables run on the scheduler thread after each pass (the server's stats)
 
     def start(self):
         os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")
@@ -75,6 +76,11 @@ class Bench:
                 self.scheduler.process_disagg_prefill_inflight_queue()
             except Exception as e:  # a real scheduler process dies here
                 self.errors.append(e)
+            for fn in self.after_pass:
+                try:
+                    fn()
+                except Exception as e:
+                    self.errors.append(e)
             self.passes += 1
             time.sleep(self.pass_interval)
 
