@@ -67,6 +67,9 @@ func sglangSource(t *testing.T, release string) string {
 		}
 	}
 	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil { // as scripts/conformance.sh's mkdir leaves it
+		t.Fatal(err)
+	}
 	if out, err := exec.Command("tar", "-xJf", tarball, "-C", tmp).CombinedOutput(); err != nil {
 		t.Fatalf("unpacking %s: %v\n%s (scripts/deps.sh installs xz-utils)", tarball, err, out)
 	}
