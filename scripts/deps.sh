@@ -24,10 +24,12 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 # SGLang's own PD code on CPU (scripts/conformance.sh): Debian's python3 with
-# the libraries SGLang's disaggregation modules import and run.
+# the libraries SGLang's disaggregation modules import and run, and
+# prometheus_client for SGLang's own metrics collector (the real-code server).
 sglang_py=(python3-torch python3-numpy python3-zmq python3-requests python3-aiohttp python3-psutil
-  python3-dill python3-tqdm python3-packaging python3-pil python3-typing-extensions python3-fastapi xz-utils)
-/usr/bin/python3 -c 'import torch, numpy, zmq, requests, aiohttp, psutil, dill, tqdm, packaging, PIL, fastapi' \
+  python3-dill python3-tqdm python3-packaging python3-pil python3-typing-extensions python3-fastapi
+  python3-prometheus-client xz-utils)
+/usr/bin/python3 -c 'import torch, numpy, zmq, requests, aiohttp, psutil, dill, tqdm, packaging, PIL, fastapi, prometheus_client' \
   >/dev/null 2>&1 || missing+=("${sglang_py[@]}")
 command -v xz >/dev/null 2>&1 || missing+=(xz-utils)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -39,6 +39,7 @@ class Bench:
         self.links = {}
         self.needs_requests = rt.pass_needs_requests()
         self._first_rooms = iter(range(900000, 999999))
+        self.after_pass = []  # callables run on the scheduler thread after each pass (the server's stats)
 
     def start(self):
         os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")
@@ -81,6 +82,11 @@ class Bench:
                     self.scheduler.process_disagg_prefill_inflight_queue()
             except Exception as e:  # a real scheduler process dies here
                 self.errors.append(e)
+            for fn in self.after_pass:
+                try:
+                    fn()
+                except Exception as e:
+                    self.errors.append(e)
             self.passes += 1
             time.sleep(self.pass_interval)
 

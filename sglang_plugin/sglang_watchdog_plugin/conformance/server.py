@@ -1,0 +1,355 @@
+"""A real-code prefill server: SGLang's own inflight pass in a loop, the plugin loaded, SGLang's /metrics.
+
+    SGLANG_SRC=DIR python3 -m sglang_watchdog_plugin.conformance.server \\
+        --backend nixl|mooncake --port-file FILE [--token-file FILE] [--pass-interval SECONDS]
+
+One ``Bench`` (bench.py): SGLang's real KV managers and bootstrap server over
+the fake transports, and a loop thread running the release's own
+``process_disagg_prefill_inflight_queue`` with the plugin loaded as that
+release loads it. The plugin serves its own endpoints on its own listener
+(127.0.0.1, a free port). A second listener on 127.0.0.1 serves:
+
+* ``GET /metrics``: SGLang's own ``SchedulerMetricsCollector`` (found where
+  the release keeps it) on prometheus_client's default registry. It is the
+  scheduler's ``metrics_collector``, so SGLang's own Failed branch bumps
+  ``sglang:num_transfer_failed_reqs_total`` (releases whose branch does);
+  after each pass ``sglang:num_prefill_inflight_queue_reqs`` is set from the
+  queue the way the release's scheduler stats do (its ``QueueCount`` where it
+  has one, else the length) through the collector's own ``log_stats``. Where
+  the collector does not import or construct, or lacks a family, the
+  project's minimal equivalent serves it, and the output says so.
+* ``POST /scenario/admit`` ``{"room": 7001, "behaviour": "hang"|"complete"|"fail"|"slow:5", "rid": "optional"}``:
+  admits a request the way SGLang does (bootstrapped sender and receiver,
+  the KV sent, the request appended to the inflight queue on the scheduler
+  thread); answers ``{"rid", "bootstrap_room"}`` once the plugin lists it.
+* ``GET /scenario/state``: passes run, exceptions SGLang's pass raised, the
+  rids in the inflight queue, and every request the pass let go with its
+  finish reason's class name (``FINISH_ABORT``, ``FINISH_LENGTH``).
+
+Once both listeners are up, the JSON port file is written (atomically):
+``{"plugin": port, "metrics": port, "collector": "...", "sglang_version": "...",
+"backend": "...", "pid": ...}``. Loopback only. Ends on SIGTERM, SIGINT or
+when stdin closes (with ``--exit-on-stdin-close``); it exits hard, as SGLang's
+NIXL bootstrap thread never ends.
+"""
+
+import argparse
+import contextlib
+import http.server
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+
+from . import bench as bench_module
+from . import loader, runtime, transports
+from . import scheduler as sch
+
+logger = logging.getLogger("sglang_watchdog_plugin.conformance.server")
+
+_COLLECTOR_MODULES = ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector")
+_GAUGE = "num_prefill_inflight_queue_reqs"
+
+
+def parse_behaviour(text):
+    text = str(text).strip().lower()
+    if text in (transports.COMPLETE, transports.HANG, transports.FAIL):
+        return text
+    if text.startswith("slow:"):
+        seconds = float(text[len("slow:"):])
+        if seconds >= 0:
+            return transports.slow(seconds)
+    raise ValueError(f"behaviour {text!r}: want complete, hang, fail or slow:SECONDS")
+
+
+class Metrics:
+    """SGLang's scheduler metrics collector where it loads, else the project's minimal equivalent."""
+
+    def __init__(self, rt, scheduler):
+        self.scheduler = scheduler
+        self.notes = []
+        self.collector = None
+        self.source = "minimal"
+        self._stats_type = self._queue_count = None
+        self._own_gauge = None
+        try:
+            import prometheus_client  # noqa: F401  (the loader would otherwise stand in for it)
+        except ImportError:
+            self.notes.append("prometheus_client is not installed (Debian: python3-prometheus-client)")
+        else:
+            self._load(rt)
+        if self.collector is None:
+            self.notes.append("serving the project's minimal equivalent: sglang:num_transfer_failed_reqs_total "
+                              "counted by the scheduler's increment_transfer_failed_reqs, "
+                              "sglang:num_prefill_inflight_queue_reqs set from the queue length after each pass")
+            self.minimal = sch.Metrics()
+            scheduler.metrics_collector = self.minimal
+
+    def _load(self, rt):
+        module = None
+        for name in _COLLECTOR_MODULES:
+            try:
+                module = loader.load(name)[0]
+                break
+            except ImportError as e:
+                self.notes.append(f"{name} does not import: {e}")
+        cls = getattr(module, "SchedulerMetricsCollector", None) if module is not None else None
+        if cls is None or isinstance(cls, loader.Placeholder):
+            self.notes.append("no SchedulerMetricsCollector in this release")
+            return
+        # The labels SGLang's scheduler gives its collector (names vary by release; any set is accepted).
+        labels = {"model_name": "conformance", "engine_type": "prefill", "tp_rank": 0, "pp_rank": 0,
+                  "moe_ep_rank": 0}
+        kwargs = sch._accepted(cls, labels=labels, server_args=rt.server_args, enable_lora=False,
+                               enable_hierarchical_cache=False, enable_streaming_session=False)
+        try:
+            with _gauge_modes_of_newer_prometheus_client(self.notes):
+                self.collector = cls(**kwargs)
+        except Exception as e:
+            self.notes.append(f"{module.__name__}.SchedulerMetricsCollector did not construct: {e!r}")
+            return
+        self.source = f"{module.__name__}.SchedulerMetricsCollector"
+        self.scheduler.metrics_collector = self.collector
+        self._stats_type = getattr(module, "SchedulerStats", None)
+        self._queue_count = getattr(module, "QueueCount", None)
+        if not hasattr(self.collector, _GAUGE):
+            from prometheus_client import Gauge
+
+            self.notes.append(f"this release's collector has no sglang:{_GAUGE}: the project's gauge serves it")
+            self._own_gauge = Gauge(f"sglang:{_GAUGE}", "The number of requests in the prefill inflight queue "
+                                    "(project's equivalent: not in this release's collector).", list(labels))
+            self._labels = labels
+        elif not hasattr(self.collector, "increment_transfer_failed_reqs"):
+            self.notes.append("this release's collector has no transfer-failed counter (nor does its Failed branch)")
+
+    def observe(self):
+        """After a pass: the inflight gauge from the queue, as the release's scheduler stats set it."""
+        queue = list(self.scheduler.disagg_prefill_inflight_queue)
+        if self.collector is None:
+            return
+        if self._own_gauge is not None:
+            self._own_gauge.labels(**self._labels).set(len(queue))
+            return
+        value = self._queue_count.from_reqs(queue) if self._queue_count is not None else len(queue)
+        if self._stats_type is not None and not getattr(self, "_log_stats_failed", False):
+            stats = self._stats_type()
+            setattr(stats, _GAUGE, value)
+            try:
+                self.collector.log_stats(stats)
+                return
+            except Exception as e:  # a release whose log_stats wants more of the scheduler than is here
+                self._log_stats_failed = True
+                self.notes.append(f"log_stats did not run ({e!r}): the gauge is set through the collector's own helper")
+                logger.warning(self.notes[-1])
+        gauge = getattr(self.collector, _GAUGE)
+        helper = getattr(self.collector, "_log_gauge_queue_count", None)
+        if self._queue_count is not None and helper is not None:
+            helper(gauge, value)
+        else:
+            gauge.labels(**self.collector.labels).set(getattr(value, "total", value))
+
+    def render(self):
+        if self.collector is not None:
+            import prometheus_client
+
+            return prometheus_client.generate_latest(prometheus_client.REGISTRY), prometheus_client.CONTENT_TYPE_LATEST
+        labels = 'model_name="conformance",engine_type="prefill",tp_rank="0",pp_rank="0"'
+        text = ("# HELP sglang:num_transfer_failed_reqs_total The number of transfer failed requests.\n"
+                "# TYPE sglang:num_transfer_failed_reqs_total counter\n"
+                f"sglang:num_transfer_failed_reqs_total{{{labels}}} {float(self.minimal.transfer_failed_reqs)}\n"
+                f"# HELP sglang:{_GAUGE} The number of requests in the prefill inflight queue.\n"
+                f"# TYPE sglang:{_GAUGE} gauge\n"
+                f"sglang:{_GAUGE}{{{labels}}} {float(len(self.scheduler.disagg_prefill_inflight_queue))}\n")
+        return text.encode(), "text/plain; version=0.0.4; charset=utf-8"
+
+
+@contextlib.contextmanager
+def _gauge_modes_of_newer_prometheus_client(notes):
+    """Lets a too-old prometheus_client accept the gauge modes SGLang's collector names, while it is built.
+
+    SGLang's collectors create gauges with ``multiprocess_mode="mostrecent"``
+    (prometheus_client 0.17 and later); Debian 12 ships 0.16, which refuses
+    the name. The mode only chooses how several processes' files are merged
+    under PROMETHEUS_MULTIPROC_DIR; this server is one process without it,
+    where every mode exposes the same value. So, only where the installed
+    library lacks the mode and no multiprocess directory is set, such a gauge
+    is created with mode "all" instead, and the output says so.
+    """
+    import prometheus_client
+    from prometheus_client import metrics
+
+    modes = getattr(metrics.Gauge, "_MULTIPROC_MODES", None)
+    if modes is None or "mostrecent" in modes or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    original = metrics.Gauge
+    mapped = set()
+
+    class Gauge(original):
+        def __init__(self, *args, multiprocess_mode="all", **kwargs):
+            if multiprocess_mode not in modes:
+                mapped.add(multiprocess_mode)
+                multiprocess_mode = "all"
+            super().__init__(*args, multiprocess_mode=multiprocess_mode, **kwargs)
+
+    prometheus_client.Gauge = metrics.Gauge = Gauge
+    try:
+        yield
+    finally:
+        prometheus_client.Gauge = metrics.Gauge = original
+        if mapped:
+            notes.append(f"prometheus_client {_version('prometheus_client')} lacks the gauge modes "
+                         f"{sorted(mapped)} SGLang's collector names (newer releases have them); single process, "
+                         "no PROMETHEUS_MULTIPROC_DIR: created with mode 'all', which exposes the same values")
+
+
+def _version(dist):
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return "?"
+
+
+class Server:
+    def __init__(self, rt, backend, pass_interval):
+        self.rt = rt
+        self.bench = bench_module.Bench(rt, backend, pass_interval=pass_interval)
+        self.metrics = Metrics(rt, self.bench.scheduler)
+        self.bench.after_pass.append(self.metrics.observe)
+        self.admit_lock = threading.Lock()  # one admission at a time, as one scheduler thread admits
+
+    def admit(self, body):
+        room = body.get("room")
+        if not isinstance(room, int) or isinstance(room, bool) or room <= 0:
+            raise ValueError("room must be a positive integer")
+        behaviour = parse_behaviour(body.get("behaviour", transports.COMPLETE))
+        rid = body.get("rid")
+        if rid is not None and (not isinstance(rid, str) or not rid):
+            raise ValueError("rid must be a non-empty string")
+        with self.admit_lock:
+            req = self.bench.admit(room, behaviour, rid=rid)
+        logger.info("admitted %s (room %d, %s)", req.rid, room, body.get("behaviour", transports.COMPLETE))
+        return {"rid": req.rid, "bootstrap_room": req.bootstrap_room}
+
+    def state(self):
+        released = [{"rid": r.rid, "finished_reason": type(r.finished_reason).__name__}
+                    for r in list(self.bench.scheduler.streamed)]
+        return {
+            "passes": self.bench.passes,
+            "errors": [repr(e) for e in self.bench.errors],
+            "queued": [r.rid for r in list(self.bench.scheduler.disagg_prefill_inflight_queue)],
+            "released": released,
+            "collector": self.metrics.source,
+            "notes": self.metrics.notes,
+        }
+
+    def handler(self):
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *args):
+                logger.debug("control: " + fmt, *args)
+
+            def _send(self, status, body, content_type="application/json"):
+                if not isinstance(body, bytes):
+                    body = (json.dumps(body) + "\n").encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._send(200, *server.metrics.render())
+                elif path == "/scenario/state":
+                    self._send(200, server.state())
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(min(length, 65536))
+                if self.path.split("?", 1)[0] != "/scenario/admit":
+                    self._send(404, {"error": "not found"})
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                    if not isinstance(body, dict):
+                        raise ValueError("body must be a JSON object")
+                    self._send(200, server.admit(body))
+                except (ValueError, TypeError) as e:
+                    self._send(400, {"error": str(e)})
+                except Exception as e:
+                    logger.exception("admit failed")
+                    self._send(500, {"error": repr(e)})
+
+        return Handler
+
+
+def _write_port_file(path, content):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(content, f)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python3 -m sglang_watchdog_plugin.conformance.server",
+                                     description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--backend", choices=runtime.BACKENDS, default="nixl")
+    parser.add_argument("--port-file", required=True, help="JSON file written once both listeners are up")
+    parser.add_argument("--token-file", default="", help="the plugin's token (SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE)")
+    parser.add_argument("--pass-interval", type=float, default=0.005, help="seconds between two passes")
+    parser.add_argument("--exit-on-stdin-close", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.token_file:
+        os.environ["SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE"] = os.path.abspath(args.token_file)
+    os.environ["SGLANG_WATCHDOG_PLUGIN_HOST"] = "127.0.0.1"
+
+    rt = runtime.Runtime()
+    server = Server(rt, args.backend, args.pass_interval)
+    print(f"real-code server: SGLang {rt.version}, backend {args.backend}, metrics from {server.metrics.source}",
+          file=sys.stderr, flush=True)
+    for note in server.metrics.notes:
+        print(f"real-code server: metrics: {note}", file=sys.stderr, flush=True)
+    server.bench.start()
+    control = http.server.ThreadingHTTPServer(("127.0.0.1", 0), server.handler())
+    control.daemon_threads = True
+    threading.Thread(target=control.serve_forever, name="control", daemon=True).start()
+
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    if args.exit_on_stdin_close:
+        threading.Thread(target=lambda: (sys.stdin.read(), done.set()), name="stdin", daemon=True).start()
+
+    _write_port_file(args.port_file, {
+        "plugin": server.bench.monitor.listener.port, "metrics": control.server_address[1],
+        "collector": server.metrics.source, "metrics_notes": server.metrics.notes,
+        "sglang_version": rt.version, "backend": args.backend, "pid": os.getpid(),
+    })
+    print(f"READY plugin={server.bench.monitor.listener.port} metrics={control.server_address[1]}", flush=True)
+    done.wait()
+    code = 1 if server.bench.errors else 0
+    for e in server.bench.errors:
+        print(f"real-code server: SGLang's pass raised {e!r}", file=sys.stderr)
+    control.shutdown()
+    server.bench.stop()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()
