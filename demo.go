@@ -153,7 +153,7 @@ func (n *narrator) decodeEvent(e watchdog.Event) {
 	case watchdog.EventSkipped:
 		if e.Reason == watchdog.SkipTransferLive {
 			v, _ := n.verdict(e.Room)
-			n.say("HELD         %s: transfer may be live (prefill verdict %q): its pages stay, SGLang's own timeout (%s + %s deferred) or a \"stopped\" verdict ends it", who, v.Verdict, sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout)
+			n.say("HELD         %s: transfer may be live (prefill verdict %q): its pages stay, SGLang's own timeout (%s) or a \"stopped\" verdict ends it", who, v.Verdict, sglangsim.DefaultDecodeWaitingTimeout)
 			return
 		}
 		n.say("DECODE NOT ACTED %s: %s", who, e.Reason)
@@ -173,7 +173,7 @@ func (n *narrator) decodeEvent(e watchdog.Event) {
 			n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; slot freed %.0f s after admission (stock SGLang: %.0f s)", e.DPRank, e.RID, e.Room, why, r.DecodeHold().Seconds(), sglangsim.DefaultDecodeWaitingTimeout.Seconds())
 			return
 		}
-		n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; request failed %.0f s after admission, its pages held until prefill acknowledges the ABORT (deferred release, at most %s)", e.DPRank, e.RID, e.Room, why, e.Age, sglangsim.DeferredReleaseTimeout)
+		n.say("DECODE RELEASE dp%d rid=%.12s room=%d: %s; request failed %.0f s after admission, its pages freed on decode's next pass (no deferred release up to SGLang v0.5.18)", e.DPRank, e.RID, e.Room, why, e.Age)
 	case watchdog.EventUnconfirmed:
 		n.say("DECODE UNCONFIRMED %s: lever set but the release was not seen", who)
 	}
@@ -283,7 +283,9 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	}
 	sim, err := sglangsim.New(sglangsim.Options{
 		Clock: clock.Real{}, DPSize: d.ranks, Era: d.era, Backend: d.backend, Seed: 1,
-		ArrivalRate: 3, TransferMedian: 300 * time.Millisecond, SlowFraction: 0.03, SlowChunkEvery: 3 * time.Second,
+		// 0.5% slow transfers: a 30-150 s transfer holds every room behind
+		// it on its (serial) transfer queue, so 3% would outrun the workers.
+		ArrivalRate: 3, TransferMedian: 300 * time.Millisecond, SlowFraction: 0.005, SlowChunkEvery: 3 * time.Second,
 		HealthCheckEvery: 10 * time.Second, HookRunsWhenEmpty: d.era == sglangsim.EraNewest,
 		Token: demoToken, AllowRestart: true, BootTime: demoBootTime,
 		// Prefill's bootstrap server on loopback: the decode-side watchdog
@@ -363,9 +365,9 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	} else {
 		n.say("restart:   off (--no-demo.restart): the wedge stays, fail-fast keeps failing the rooms queued behind it")
 	}
-	n.say("decode:    %d SGLang decode rank(s), /metrics at %s, waiting timeout %s (+%s deferred release); a second watchdog for the decode pod: decode deadline %s (shipped 180s), prefill verdicts from %s",
-		len(decodeURLs), decodeMetricsURL, sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout, demoDecodeDeadline, verdictURL)
-	n.say("traffic:   ~3 requests/s with heavy-tailed KV transfers, some slow ones that keep progressing, and health checks")
+	n.say("decode:    %d SGLang decode rank(s), /metrics at %s, waiting timeout %s (no deferred release, as SGLang up to v0.5.18); a second watchdog for the decode pod: decode deadline %s (shipped 180s), prefill verdicts from %s",
+		len(decodeURLs), decodeMetricsURL, sglangsim.DefaultDecodeWaitingTimeout, demoDecodeDeadline, verdictURL)
+	n.say("traffic:   ~3 requests/s with heavy-tailed KV transfers, some slow ones (which list no progress, as every room in SGLang), and health checks")
 	if logName != "" {
 		n.say("logs:      the watchdogs' own log lines go to %s", logName)
 	}
@@ -565,8 +567,8 @@ func decodeSummary(sim *sglangsim.Sim, dwd *watchdog.Watchdog, n *narrator, now 
 		case r.DecodeAdmitted.IsZero():
 			n.say("summary:   decode, %s pin rid=%.12s: never reached decode", name, r.RID)
 		case r.DecodeEnd == "":
-			n.say("summary:   decode, %s pin rid=%.12s: still held after %.0f s at the end of the demo; SGLang's own timeout frees it %s + %s after admission, later than the demo runs",
-				name, r.RID, now.Sub(r.DecodeAdmitted).Seconds(), sglangsim.DefaultDecodeWaitingTimeout, sglangsim.DeferredReleaseTimeout)
+			n.say("summary:   decode, %s pin rid=%.12s: still held after %.0f s at the end of the demo; SGLang's own timeout frees it %s after admission, later than the demo runs",
+				name, r.RID, now.Sub(r.DecodeAdmitted).Seconds(), sglangsim.DefaultDecodeWaitingTimeout)
 		default:
 			how := map[sglangsim.DecodeEnd]string{
 				sglangsim.DecodeForceFail: "the decode-side watchdog released it",

@@ -258,7 +258,10 @@ func TestGoSimulatorAndPythonDecodePluginAnswerAlike(t *testing.T) {
 	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
 			pyURL, _ := startStandinScript(t, "standin_decode_server.py", backend, tokenFile(t, parityToken))
-			sim, ctx := startSim(t, sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity})
+			sim, ctx := startSim(t, sglangsim.Options{Clock: clock.Real{}, Backend: backend, Token: parityToken, Scenario: sglangsim.ScenarioParity,
+				// The stand-in's scene runs with deferred release on (its default);
+				// the simulator's default is SGLang's up to v0.5.18: absent.
+				DeferredRelease: true})
 			_, goURLs, err := sim.ListenDecode(ctx)
 			if err != nil {
 				t.Fatal(err)

@@ -207,12 +207,13 @@ func (s *Sim) decodeDown(now time.Time) bool {
 func (s *Sim) DecodeBooting() bool { return s.decodeDown(s.clock.Now()) }
 
 // deferredOn is SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE in this
-// process; nil where the version has no such thing.
+// process; nil where the version has no such thing: every release up to
+// v0.5.18 (no DeferredRelease) and the older lever eras.
 func (s *Sim) deferredOn() *bool {
-	if s.opts.LeverEra != LeversNewest {
+	if s.opts.LeverEra != LeversNewest || !s.opts.DeferredRelease {
 		return nil
 	}
-	on := !s.opts.NoDeferredRelease
+	on := true
 	return &on
 }
 

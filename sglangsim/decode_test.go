@@ -70,8 +70,8 @@ func TestDecodeListing(t *testing.T) {
 			run(s, c, 5*time.Second, 100*time.Millisecond)
 			l := s.DecodeListing(0)
 			if l.Server.DisaggregationMode != pluginapi.ModeDecode || l.Inflight == nil || len(l.Inflight) != 0 ||
-				!slices.Equal(l.Server.Levers, []string{pluginapi.LeverAbort}) || l.Server.DeferredRelease == nil ||
-				!*l.Server.DeferredRelease || l.Loop.Iterations != 50 || l.Queues.Prealloc != 1 || l.Queues.Transfer != 3 ||
+				!slices.Equal(l.Server.Levers, []string{pluginapi.LeverAbort}) || l.Server.DeferredRelease != nil ||
+				l.Loop.Iterations != 50 || l.Queues.Prealloc != 1 || l.Queues.Transfer != 3 ||
 				l.Queues.Inflight != 0 || l.Server.PID == s.Listing(0).Server.PID {
 				t.Fatalf("listing %+v", l)
 			}
@@ -148,10 +148,8 @@ func TestDecodeListing(t *testing.T) {
 		var srvm, qm map[string]json.RawMessage
 		_ = json.Unmarshal(m["server"], &srvm)
 		_ = json.Unmarshal(m["queues"], &qm)
-		want := "true"
-		if era == LeversEarly {
-			want = "null"
-		}
+		// No release up to v0.5.18 has deferred release: null in both eras.
+		want := "null"
 		if string(m["decode_requests"]) != "[]" || string(m["inflight"]) != "[]" || string(qm["prealloc"]) != "0" ||
 			string(qm["transfer"]) != "0" || string(srvm["deferred_release"]) != want ||
 			string(srvm["disaggregation_mode"]) != `"decode"` {
@@ -196,7 +194,7 @@ func TestDecodeForceFailAnswers(t *testing.T) {
 		}
 	}
 	if st, resp := decodeFF(s, live, true, true); st != 200 || resp.Result != pluginapi.ResultWouldFlip ||
-		!slices.Equal(resp.Levers, []string{pluginapi.LeverAbort, pluginapi.LeverDeferredAbort}) ||
+		!slices.Equal(resp.Levers, []string{pluginapi.LeverAbort}) ||
 		resp.Lever != pluginapi.LeverConcludeState {
 		t.Fatalf("dry run: %d %+v", st, resp)
 	}
@@ -278,7 +276,8 @@ func TestDecodeForceFailHTTP(t *testing.T) {
 // holds no chunk of the room), after 30 s when it never does (a wedged
 // worker); without deferred release, at once either way.
 func TestDecodeLeverDeferred(t *testing.T) {
-	s, c := newSim(t, Options{})
+	// Deferred release as later upstream code has it when turned on.
+	s, c := newSim(t, Options{DeferredRelease: true})
 	absent, _ := s.Inject(0, PinAbortBeforeRegister)
 	wedged, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, DecodePort: 17001})
 	run(s, c, 5*time.Second, 100*time.Millisecond)
@@ -307,7 +306,7 @@ func TestDecodeLeverDeferred(t *testing.T) {
 		t.Fatalf("deferred: %+v", r)
 	}
 
-	s2, c2 := newSim(t, Options{NoDeferredRelease: true})
+	s2, c2 := newSim(t, Options{})
 	w2, _ := s2.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle})
 	run(s2, c2, 5*time.Second, 100*time.Millisecond)
 	mustDecodeFlip(t, s2, w2, true, pluginapi.LeverAbort)
@@ -319,7 +318,7 @@ func TestDecodeLeverDeferred(t *testing.T) {
 
 // TestDecodeWaitingTimeout: NIXL times out a room that never started and a
 // started incomplete one (the wedged handle: an unsafe free by SGLang's
-// own timeout, after 30 s without ABORT_ACK); Mooncake times out the first
+// own timeout, at once: no release up to v0.5.18 defers it); Mooncake times out the first
 // and never the second, which reads Transferring.
 func TestDecodeWaitingTimeout(t *testing.T) {
 	for _, backend := range []string{BackendNIXL, BackendMooncake} {
@@ -350,7 +349,9 @@ func TestDecodeWaitingTimeout(t *testing.T) {
 				return
 			}
 			if r.DecodeEnd != DecodeTimeout || r.UnsafeFree != DecodeTimeout ||
-				!r.DecodeReleased.Equal(start.Add(DefaultDecodeWaitingTimeout+DeferredReleaseTimeout)) {
+				!r.DecodeReleased.Equal(start.Add(DefaultDecodeWaitingTimeout)) {
+				// No deferred release up to v0.5.18: the timeout frees the
+				// pages at once, under the wedged handle's live write.
 				t.Fatalf("nixl wedged: %+v", r)
 			}
 			if v := decodeMetric(t, s, "sglang:num_transfer_failed_reqs_total"); v != 3 {
@@ -412,7 +413,7 @@ func TestDecodeCorruption(t *testing.T) {
 			if d := mustDecodeReq(t, s.DecodeListing(0), rid); *d.TransferStarted != tc.started {
 				t.Fatalf("decode's view: %+v", d)
 			}
-			mustDecodeFlip(t, s, rid, true, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
+			mustDecodeFlip(t, s, rid, true, pluginapi.LeverAbort)
 			run(s, c, DeferredReleaseTimeout+time.Second, 100*time.Millisecond)
 			r := recordOf(t, s, rid)
 			if r.DecodeReleased.IsZero() || r.DecodeEnd != DecodeForceFail {
@@ -450,7 +451,7 @@ func TestDecodeHoldTimes(t *testing.T) {
 		run(s, c, 5*time.Second, 100*time.Millisecond)
 		flip(t, s, 0, rid)
 		if early {
-			mustDecodeFlip(t, s, rid, true, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
+			mustDecodeFlip(t, s, rid, true, pluginapi.LeverAbort)
 		}
 		run(s, c, DefaultDecodeWaitingTimeout, time.Second)
 		r := recordOf(t, s, rid)
@@ -532,7 +533,7 @@ func TestDecodeLive(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	mustDecodeFlip(t, s, rid, false, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
+	mustDecodeFlip(t, s, rid, false, pluginapi.LeverAbort)
 	for {
 		if r := recordOf(t, s, rid); r.DecodeEnd == DecodeForceFail && !r.DecodeReleased.IsZero() {
 			return

@@ -46,8 +46,8 @@
 // milliseconds), moves to the waiting queue, is taken into a prefill batch
 // (this is when the scheduler logs stats and rewrites the PD queue gauges),
 // and enters the inflight queue, where the sender is first WaitingForInput
-// (until a transfer worker picks the room up), then Transferring (each chunk
-// sent advances progress), then Success. Every pass polls the inflight
+// (until its transfer worker picks the room up), then Transferring (the
+// worker sends its chunks), then Success. Every pass polls the inflight
 // queue (with PP, once every stage is terminal): Success releases the
 // request (prefill_transfer_kv_cache stage
 // latency, kv_transfer_* metrics, the tokenizer's num_requests_total,
@@ -56,9 +56,25 @@
 // disaggregation/prefill.py).
 //
 // Healthy transfer times are lognormal (sigma 1: p99.9 is about 22x the
-// median). A SlowFraction of requests transfer for 30 s to 150 s but send a
-// chunk at least every SlowChunkEvery: they keep making progress and must
-// never be force-failed. Health checks (rid "HEALTH_CHECK_<time.time()>",
+// median): the time the room's transfer worker spends on it, to which the
+// wait for the worker adds (below). A SlowFraction of requests transfer for
+// 30 s to 150 s but send a chunk at least every SlowChunkEvery: they would
+// complete by themselves, so a force-fail of one is a false force-fail
+// (Record.ProgressingWhenForced), but their listed progress stands still
+// like every room's (below), so the listing cannot tell them from a pin.
+//
+// The listing's progress stands still (SGLang v0.5.18, v0.5.11:
+// disaggregation/nixl/conn.py NixlKVSender.send, disaggregation/common/conn.py
+// CommonKVSender.send, disaggregation/prefill.py; seen with SGLang's own PD
+// code run on CPU). The plugin lists NIXL's chunk_id, the scheduler's send()
+// calls (one per prefill chunk: ceil(prompt / 8192) here), or the common
+// sender's curr_idx (Mooncake), the KV pages handed over (page size 1: the
+// prompt's tokens). The scheduler hands the last chunk over as the request
+// enters the inflight queue, so that value is final for the whole stay
+// there, whatever the transfer worker does. What the worker sent (chunks
+// of 1,024 tokens here) shows only on decode (Decode, below). The parity
+// scene alone (SetScenario) lists the worker's chunks, as the Python
+// stand-in it is compared with sets them by hand. Health checks (rid "HEALTH_CHECK_<time.time()>",
 // room 0, host 2.2.2.2) use SGLang's fake sender: Success on the first poll
 // after the forward. Their progress is -1 (the fake sender exposes none,
 // like the Python plugin reports it).
@@ -72,9 +88,7 @@
 // Simplifications: the forward pass takes no simulated time; a prefill
 // batch takes the waiting queue in order up to 64k tokens, as far as the
 // pools below allow; only the
-// attention-TP leader (tp_rank 0) is modelled; a transfer worker serves the
-// rooms it has picked up side by side (the serial queue shows only in the
-// wedge below); a decode endpoint has one port; what prefill does with
+// attention-TP leader (tp_rank 0) is modelled; a decode endpoint has one port; what prefill does with
 // decode's ABORT frame beyond acknowledging it (Decode, below) is not
 // modelled, so a pin stays on prefill until a lever or a restart.
 //
@@ -103,8 +117,11 @@
 // server restarts. At the detection benchmark's rate (25,000 requests an
 // hour over DP8, prompts about 2k tokens) a wedge on a queue that takes a
 // third of a rank's traffic fills the default pool in about 17 minutes
-// (TestPoolFillsWithinAnHourAtBenchmarkRate); healthy traffic at the
-// demo's and the benchmark's rates holds under a tenth of it. The KV pool
+// (TestPoolFillsWithinAnHourAtBenchmarkRate). Healthy traffic at the
+// demo's and the benchmark's rates never stalls, but the rooms piled
+// behind a slow transfer on its serial queue hold up to a third of the
+// pool (TestPoolNoStallWithoutPins: 229k tokens at the demo's rate, 164k
+// at the benchmark's). The KV pool
 // shows in sglang:num_used_tokens, sglang:token_usage,
 // sglang:max_total_num_tokens and, era "newest", sglang:kv_used_tokens and
 // sglang:kv_available_tokens, written when the scheduler logs stats; Pool
@@ -135,16 +152,30 @@
 // Read in SGLang v0.5.18: disaggregation/nixl/conn.py, managers/scheduler.py,
 // disaggregation/common/conn.py.
 //
-// Each scheduler process has TransferQueues (4) transfer worker queues. A
+// Each scheduler process has TransferQueues (4) transfer worker queues,
+// each served by one worker thread, serially (SGLang v0.5.18 and v0.5.11:
+// disaggregation/nixl/conn.py and mooncake/conn.py transfer_worker; seen
+// with SGLang's own NixlKVManager run on CPU: a hung handle on one decode
+// destination held every later request to the same destination). A
 // normal request is bound for one decode endpoint (RequestSpec.DecodePort,
 // else one of Options.DecodePorts picked from the room); its queue is the
 // sum of its destination decode ports modulo 4 (QueueKeyDecodePorts,
 // newest NIXL: rooms bound for the same endpoints share a queue) or room % 4
 // (QueueKeyRoom, older NIXL and the seeds' incident). Health checks use the
-// fake sender and no queue. A room waits in WaitingForInput until its worker
-// picks it up, then is Transferring with a chunk outstanding (NIXL
-// _staging_outstanding) until it succeeds. The worker waits for its handles
-// with no deadline and never reads the sender's levers.
+// fake sender and no queue. The scheduler hands a room's last chunk over as
+// it enters the inflight queue, which queues it on its worker. The worker
+// serves its rooms in that order, one at a time: it takes a chunk, posts
+// it, waits for its handles, then takes the next, so a room is done (its
+// last chunk settled, its transfer failed, a resurrection pin's failure)
+// before the room behind it starts. A room waits in WaitingForInput, with
+// nothing in flight, until its worker picks it up, then is Transferring with
+// a chunk outstanding (NIXL _staging_outstanding) until it succeeds. So a
+// slow healthy transfer holds every room behind it on its queue for as long
+// as it takes (30 s to 150 s), and a stuck handle holds them until the
+// process restarts (Pins, below). The worker waits for its handles with no
+// deadline. It skips the chunks of a room whose status is Failed (an abort
+// took, SGLang v0.5.18: disaggregation/nixl/conn.py transfer_worker) or that
+// the scheduler released, after the chunk in flight, if any, settles.
 //
 // # Pins
 //
@@ -162,11 +193,11 @@
 //     Transferring with progress frozen and its chunk outstanding, and its
 //     queue's worker is wedged until the scheduler process restarts,
 //     whatever lever is pulled on the room. Every room of that process and
-//     queue that the worker had not picked up yet (later traffic included)
-//     waits behind it in WaitingForInput with progress 0; rooms it had
-//     already picked up were ahead of the handle and finish. The waiting
-//     rooms' record kind becomes "blocked_by_wedge". Rooms on other queues
-//     are not affected.
+//     queue behind it (later traffic included) waits in WaitingForInput
+//     with nothing sent; the rooms ahead of it were done before it started.
+//     The waiting rooms' record kind becomes "blocked_by_wedge" (rooms
+//     waiting behind a slow healthy transfer keep their kind: they
+//     complete). Rooms on other queues are not affected.
 //
 // A pin holds on every PP stage (Inject) or on the stages in
 // RequestSpec.PinStages; the other stages transfer normally, and the
@@ -175,24 +206,32 @@
 // # Levers and lever eras (Options.LeverEra)
 //
 // Read in SGLang v0.5.18: disaggregation/nixl/conn.py, mooncake/conn.py,
-// managers/scheduler.py, disaggregation/common/conn.py.
+// managers/scheduler.py, disaggregation/common/conn.py; the releases each
+// era stands for were shown with SGLang's own PD code run on CPU
+// (sglang_plugin/sglang_watchdog_plugin/conformance/).
 //
 // The plugin pulls, in order, abort (CommonKVSender.abort: record_failure,
 // update_status(room, Failed), conclude_state = Failed) and, on NIXL,
 // _send_failed = True. What they do:
 //
-//   - LeversNewest (default): update_status(Failed) overwrites any status of
+//   - LeversNewest (default): Mooncake in every release from v0.4.10 to
+//     v0.5.18 (abort), NIXL in v0.5.18 (abort and _send_failed).
+//     update_status(Failed) overwrites any status of
 //     a present room and is a no-op for an absent one; NIXL's poll() reads
 //     _send_failed first and never conclude_state; Mooncake and fake senders
 //     return conclude_state once set. So abort releases the resurrection and
 //     stuck-handle rooms on both backends, the absent (ABORT-before-register)
 //     room only through conclude_state on Mooncake and _send_failed on NIXL.
 //     server.levers is [abort, _send_failed] on NIXL, [abort] on Mooncake.
-//   - LeversNIXLMid2025 (NIXL only): no _send_failed is read, poll() ignores
+//   - LeversNIXLMid2025 (NIXL only): NIXL up to v0.5.11, where poll() reads
+//     the transfer handles once sent and SGLang's own abort does not release
+//     the room (disaggregation/nixl/conn.py). No _send_failed is read, poll() ignores
 //     conclude_state and a max()-only update_status ignores Failed: nothing
 //     releases a pin. The plugin lists no lever, says why in lever_note and
 //     answers 501 unsupported.
-//   - LeversEarly: the scheduler's Failed branch raises. The plugin lists no
+//   - LeversEarly: releases before the abort lever (about v0.4.5, older
+//     than every release the conformance harness loads): the scheduler's
+//     Failed branch raises. The plugin lists no
 //     lever and answers 501. Should a poll read Failed anyway (a lever pulled
 //     by hand with PullLever, or a transfer that fails by itself) the
 //     scheduler process crashes, which takes the whole server down as a
@@ -279,9 +318,14 @@
 // A failure in the prealloc queue counts num_bootstrap_failed_reqs_total and
 // frees nothing (no pages yet); in the transfer queue it counts
 // num_transfer_failed_reqs_total and the client gets a 500. The waiting
-// timeout sends ABORT to prefill (LeversNewest); so does the lever. With
-// deferred release on (LeversNewest, unless Options.NoDeferredRelease) and
-// ABORT sent, the pages and metadata slot are held until prefill's
+// timeout sends ABORT to prefill (LeversNewest); so does the lever.
+// Deferred release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE) does
+// not exist in any release up to v0.5.18 (environ.py, disaggregation/decode.py)
+// and is off by default in later upstream code, so it is off unless
+// Options.DeferredRelease (LeversNewest only); server.deferred_release is
+// then null, as the plugin lists a release without it, and a failure frees
+// the pages at once, under a live write if prefill still has a chunk of the
+// room outstanding. With deferred release on and ABORT sent, the pages and metadata slot are held until prefill's
 // ABORT_ACK, which means "this room's transfer has drained": an alive
 // prefill process with no chunk of the room outstanding on any stage acks
 // at once; one with a healthy chunk in flight acks when it settles; a wedged
@@ -296,7 +340,7 @@
 // kv_receiver.abort(): Failed latched, ABORT sent, and in the transfer
 // queue with deferred release on the room registered as a deferred abort
 // (levers ["abort", "deferred_abort"]; ["abort"] in the prealloc queue or
-// without deferred release). The next pass fails the request as above. 501
+// without deferred release, the default). The next pass fails the request as above. 501
 // unsupported in LeversNIXLMid2025 and LeversEarly (no lever; the model
 // there keeps the timeout and the heartbeat, sends no ABORT and has no
 // deferred release: server.deferred_release is null). Orders are queued,
@@ -314,7 +358,8 @@
 // not settled, on a living prefill) is a corruption hazard: the record gets
 // UnsafeFree, DecodeForceFail when a force-fail freed them, DecodeTimeout
 // when SGLang's own waiting timeout did (real SGLang does that to the head
-// room of a wedged NIXL worker after 300 s + 30 s). The late write then
+// room of a wedged NIXL worker after 300 s; 300 s + 30 s with deferred
+// release on). The late write then
 // lands: a chunk that settles writes into the slot's owner at that time (a
 // free slot is harmless), and a wedged handle's write, which can land at
 // any time, lands as soon as the slot has a new owner. The owner's record

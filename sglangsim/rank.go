@@ -79,6 +79,14 @@ type request struct {
 
 	senders []*sender // one per PP stage
 	holding int       // stages whose inflight queue still holds it
+
+	// listed is the progress the plugin lists for every stage's sender:
+	// the scheduler's hand-overs, all done before the request enters the
+	// inflight queue, so it stands still for the whole stay (see listedProgress).
+	listed int64
+	// workerProgress: the listing shows the worker's chunks instead (the
+	// parity scene only, to match the Python stand-in's hand-set progress).
+	workerProgress bool
 }
 
 // healthCheck is how the plugin recognises SGLang's own requests: the fake
@@ -105,12 +113,12 @@ type sender struct {
 	q      *request
 	pinned bool // the request's pin holds on this stage
 
-	work       time.Duration
-	lastUpdate time.Time
-	frozen     bool // a pin took hold
-	blocked    bool // waiting behind a wedged worker
-	wedging    bool // this sender's stuck handle holds its queue's worker
-	progress   int64
+	work     time.Duration // worker time spent on the room
+	started  bool          // its queue's worker took the room's first chunk
+	frozen   bool          // a pin took hold
+	blocked  bool          // waiting behind a wedged worker
+	wedging  bool          // this sender's stuck handle holds its queue's worker
+	progress int64         // chunks the worker sent (decode's view; not the listing's)
 	// outstanding is NIXL's _staging_outstanding for the room: chunks taken
 	// off the queue or posted and not settled.
 	outstanding int
@@ -237,6 +245,19 @@ type orphan struct {
 	until time.Time // when the chunk settles; zero = never (a stuck handle)
 }
 
+// worker is one transfer worker thread and its queue (SGLang v0.5.18:
+// disaggregation/nixl/conn.py transfer_worker, mooncake/conn.py
+// transfer_worker): it serves the rooms in the order their chunks were
+// queued, one at a time, and waits for a chunk's handles before it takes
+// the next.
+type worker struct {
+	fifo  []*sender // fifo[0] is the room being served
+	clock time.Time // the worker's time has been played up to here
+	// busyUntil: a room released with a chunk in flight holds the worker
+	// until that chunk settles.
+	busyUntil time.Time
+}
+
 // rank is one (dp, pp) prefill scheduler process, led by attention-TP rank 0.
 type rank struct {
 	mu *sync.Mutex // the group's
@@ -255,6 +276,7 @@ type rank struct {
 	iterations uint64 // inflight passes seen by the plugin hook
 	lastIter   time.Time
 	wedge      [TransferQueues]*sender // the stuck handle each worker waits on
+	workers    [TransferQueues]worker
 	orphans    []orphan
 
 	m rankMetrics
@@ -332,6 +354,7 @@ func (r *rank) reset(gen int) {
 	r.iterations = 0
 	r.lastIter = time.Time{}
 	r.wedge = [TransferQueues]*sender{}
+	r.workers = [TransferQueues]worker{}
 	r.orphans = nil
 	r.pid = basePID + r.idx + 1000*gen
 	r.m = rankMetrics{}
@@ -441,6 +464,7 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 		q.prompt = spec.PromptTokens
 		q.cached = min(q.cached, q.prompt-1)
 	}
+	q.listed = listedProgress(s.opts.Backend, q.prompt)
 	g.plan(s, q, spec)
 	pin := kind.Pin()
 	for pp := range g.stages {
@@ -711,8 +735,8 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 			r.admit(q)
 		}
 		q.entered = now
-		for _, sd := range q.senders {
-			sd.lastUpdate = now
+		for _, r := range g.stages {
+			r.enqueue(q.senders[r.pp], now)
 		}
 		rc := &g.records[q.rec]
 		rc.entered = now.UnixNano()
@@ -841,22 +865,22 @@ func (r *rank) poll(s *Sim, sd *sender, now time.Time) kvPoll {
 }
 
 // status is the KV manager's check_status(room) for sd's stage, with the
-// transfer worker advanced to now. present is false for a room absent from
-// request_status (it reads WaitingForInput).
+// room's transfer worker played up to now. present is false for a room
+// absent from request_status (it reads WaitingForInput).
 func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present bool) {
 	q := sd.q
 	if sd.pinned && q.behavior == BehaviorPinAbortBeforeRegister {
 		// The room was never registered (SGLang v0.5.18: disaggregation/common/conn.py).
 		return pollWaitingForInput, false
 	}
+	r.runWorker(q.queue, now)
 	if sd.statusFailed {
 		return pollFailed, true
 	}
-	r.advance(sd, now)
 	if sd.frozen {
 		return pollTransferring, true
 	}
-	if sd.work < q.pickup {
+	if !sd.started || sd.work < q.pickup {
 		sd.outstanding = 0
 		return pollWaitingForInput, true
 	}
@@ -866,19 +890,12 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 	}
 	p := int64((sd.work - q.pickup) / q.chunkEvery)
 	if sd.pinned && q.freezeAt >= 0 && p >= q.freezeAt {
+		// Resurrection: the transfer failed, then a late update revived the
+		// status; nothing is outstanding and the worker went on. (The stuck
+		// handle froze in runWorker.)
 		sd.progress = max(sd.progress, q.freezeAt)
 		sd.frozen = true
-		sd.outstanding = 0 // resurrection: the transfer failed, then a late update revived the status
-		if q.behavior == BehaviorPinStuckHandle {
-			// A handle that stays PROC: the worker waits on it with no
-			// deadline, whatever happens to the room (SGLang v0.5.18:
-			// disaggregation/nixl/conn.py).
-			sd.outstanding = 1
-			if r.wedge[q.queue] == nil {
-				r.wedge[q.queue] = sd
-				sd.wedging = true
-			}
-		}
+		sd.outstanding = 0
 		return pollTransferring, true
 	}
 	if q.nChunks >= 0 && p >= q.nChunks {
@@ -891,28 +908,145 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 	return pollTransferring, true
 }
 
-// advance credits worker time to sd unless its queue's worker is wedged on
-// another room's handle.
-func (r *rank) advance(sd *sender, now time.Time) {
+// enqueue puts sd's room on its queue's worker: the scheduler handed its
+// last chunk over as the request entered the inflight queue at `at`.
+func (r *rank) enqueue(sd *sender, at time.Time) {
 	q := sd.q
-	from := sd.lastUpdate
-	sd.lastUpdate = now
-	if sd.frozen {
-		return
+	if q.fake || (sd.pinned && q.behavior == BehaviorPinAbortBeforeRegister) {
+		return // the fake sender has no queue; an unregistered room sends nothing
 	}
-	// The queue's worker is serial: a room it had already picked up was
-	// ahead of the stuck handle and finishes; a room it had not picked up
-	// waits behind the handle until the process restarts.
-	if w := r.wedge[q.queue]; w != nil && w != sd && (sd.blocked || sd.work < q.pickup) {
-		if !sd.blocked {
-			sd.blocked = true
-			r.g.markBlocked(q)
+	w := &r.workers[q.queue]
+	if len(w.fifo) == 0 && w.clock.Before(at) {
+		w.clock = at
+	}
+	w.fifo = append(w.fifo, sd)
+}
+
+// doneAt is the worker time at which the worker is done with sd: its last
+// chunk settled, its transfer failed, its pin took hold, or (a room whose
+// status is Failed) the chunk in flight settled; -1: never (an endless
+// transfer).
+func (sd *sender) doneAt() time.Duration {
+	q := sd.q
+	if sd.statusFailed {
+		// The worker skips the chunks of a Failed room (SGLang v0.5.18:
+		// disaggregation/nixl/conn.py transfer_worker): it finishes the chunk
+		// in flight, if any.
+		if !sd.started || sd.work <= q.pickup {
+			return sd.work
 		}
+		return q.pickup + time.Duration(ceilDiv(sd.work-q.pickup, q.chunkEvery))*q.chunkEvery
+	}
+	if sd.pinned && q.freezeAt >= 0 {
+		return q.pickup + time.Duration(q.freezeAt)*q.chunkEvery
+	}
+	if q.behavior == BehaviorTransferFail {
+		return q.failAt
+	}
+	if q.nChunks < 0 {
+		return -1
+	}
+	return q.pickup + time.Duration(q.nChunks)*q.chunkEvery
+}
+
+// runWorker plays queue qi's worker up to now: the room at the head gets
+// the worker's time until it is done, then the next; the rooms behind wait
+// in WaitingForInput with nothing sent. A slow chunk holds every room
+// behind it; a stuck handle holds them until the process restarts.
+func (r *rank) runWorker(qi int, now time.Time) {
+	if qi < 0 {
 		return
 	}
-	if d := now.Sub(from); d > 0 {
-		sd.work += d
+	w := &r.workers[qi]
+	for w.clock.Before(now) {
+		if wd := r.wedge[qi]; wd != nil {
+			for _, sd := range w.fifo {
+				if sd != wd && !sd.blocked {
+					sd.blocked = true
+					r.g.markBlocked(sd.q)
+				}
+			}
+			w.clock = now
+			return
+		}
+		if w.clock.Before(w.busyUntil) {
+			w.clock = minTime(now, w.busyUntil)
+			continue
+		}
+		if len(w.fifo) == 0 {
+			w.clock = now
+			return
+		}
+		sd := w.fifo[0]
+		sd.started = true
+		end := sd.doneAt()
+		avail := now.Sub(w.clock)
+		if end < 0 || sd.work+avail < end {
+			sd.work += avail
+			w.clock = now
+			return
+		}
+		w.clock = w.clock.Add(end - sd.work)
+		sd.work = end
+		if sd.pinned && sd.q.behavior == BehaviorPinStuckHandle && !sd.statusFailed {
+			// A handle that stays PROC: the worker waits on it with no
+			// deadline, whatever happens to the room (SGLang v0.5.18:
+			// disaggregation/nixl/conn.py).
+			sd.progress = max(sd.progress, sd.q.freezeAt)
+			sd.frozen = true
+			sd.outstanding = 1
+			sd.wedging = true
+			r.wedge[qi] = sd
+			continue
+		}
+		w.pop()
 	}
+}
+
+func (w *worker) pop() {
+	n := copy(w.fifo, w.fifo[1:])
+	w.fifo[n] = nil
+	w.fifo = w.fifo[:n]
+}
+
+// drop takes sd off its worker's queue when its stage releases the request;
+// a chunk of it in flight holds the worker until `until`.
+func (w *worker) drop(sd *sender, until time.Time) {
+	for i, x := range w.fifo {
+		if x != sd {
+			continue
+		}
+		if i == 0 && until.After(w.busyUntil) {
+			w.busyUntil = until
+		}
+		n := copy(w.fifo[i:], w.fifo[i+1:])
+		w.fifo[i+n] = nil
+		w.fifo = w.fifo[:i+n]
+		return
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// listedProgress is what the plugin lists as a non-fake sender's progress:
+// NIXL's chunk_id counts the scheduler's send() calls (one per prefill
+// chunk: ceil(prompt / chunked_prefill_size)), the common sender's curr_idx
+// (Mooncake) the KV pages handed over (page size 1: the prompt's tokens).
+// The last chunk is handed over as the request enters the inflight queue,
+// so the value stands still for its whole stay there, whatever the
+// transfer worker does (SGLang v0.5.18: disaggregation/nixl/conn.py
+// NixlKVSender.send, disaggregation/common/conn.py CommonKVSender.send,
+// disaggregation/prefill.py).
+func listedProgress(backend string, prompt int) int64 {
+	if backend == BackendNIXL {
+		return int64((prompt + chunkedPrefill - 1) / chunkedPrefill)
+	}
+	return int64(prompt)
 }
 
 func (g *group) markBlocked(q *request) {
@@ -942,6 +1076,9 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		}
 		r.orphans = append(r.orphans, o)
 		sd.orphanUntil = o.until
+	}
+	if !q.fake {
+		r.workers[q.queue].drop(sd, sd.orphanUntil)
 	}
 	sd.released = true
 	ok := sd.lastPoll == pollSuccess
@@ -1216,7 +1353,10 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	}
 	for i, q := range r.inflight {
 		sd := q.senders[r.pp]
-		progress := sd.progress
+		progress := q.listed
+		if q.workerProgress {
+			progress = sd.progress
+		}
 		if q.fake {
 			progress = -1
 		}
@@ -1258,9 +1398,10 @@ func (g *group) parity(s *Sim, now time.Time) {
 		q.addr = addr
 		q.waitingSince = entered
 		q.entered = entered
+		q.workerProgress = true
 		for _, r := range g.stages {
 			sd := q.senders[r.pp]
-			sd.lastUpdate = entered
+			r.enqueue(sd, entered)
 			sd.lastPoll = r.poll(s, sd, now)
 			r.admit(q)
 		}

@@ -154,13 +154,14 @@ type Options struct {
 	// the decode server); default 1. DecodePorts[i] belongs to decode rank
 	// i % DecodeDPSize.
 	DecodeDPSize int
-	// NoDeferredRelease turns decode's
-	// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE off (it is on by
-	// default in LeversNewest and absent in older lever eras).
-	NoDeferredRelease bool
-	ModelName         string // default DefaultModelName
-	Seed              int64  // everything random comes from this seed
-	Token             string // bearer token for /admin/*; "" = none
+	// DeferredRelease turns decode's
+	// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE on (LeversNewest
+	// only). No SGLang release up to v0.5.18 has it; later upstream code
+	// has it off by default, and so does the simulator.
+	DeferredRelease bool
+	ModelName       string // default DefaultModelName
+	Seed            int64  // everything random comes from this seed
+	Token           string // bearer token for /admin/*; "" = none
 	// BootstrapAddr is the bootstrap_addr of normal requests; default DefaultBootstrapAddr.
 	BootstrapAddr string
 	// ArrivalRate is healthy traffic in requests per simulated second over

@@ -35,9 +35,12 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			s, c := newSim(t, Options{Backend: backend})
 			// Decode ports 17001 and 17005 share queue 1; 17002 is queue 2.
+			// The worker serves queue 1 serially: early first, then the pin.
+			// The listing's progress is the scheduler's hand-overs and never
+			// moves in the inflight queue.
 			early, _ := s.Submit(RequestSpec{DecodePort: 17001, PromptTokens: 4096, Transfer: 20 * time.Second})
 			run(s, c, 6*time.Second, 100*time.Millisecond)
-			if rq := mustRoom(t, s.Listing(0), early); rq.Progress != 1 || rq.Poll != pluginapi.PollTransferring {
+			if rq := mustRoom(t, s.Listing(0), early); rq.Progress != listedProgress(backend, 4096) || rq.Poll != pluginapi.PollTransferring {
 				t.Fatalf("early room before the wedge: %+v", rq)
 			}
 			pin, pinRoom := s.Submit(RequestSpec{DecodePort: 17001, Behavior: BehaviorPinStuckHandle, Transfer: time.Second})
@@ -55,7 +58,7 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 				t.Fatalf("the room picked up before the stuck handle: %+v", r)
 			}
 			pinQ := mustRoom(t, l, pin)
-			if pinQ.Progress != 1 || pinQ.Poll != pluginapi.PollTransferring || !*pinQ.TransferInFlight {
+			if pinQ.Progress != listedProgress(backend, pinQ.PromptTokens) || pinQ.Poll != pluginapi.PollTransferring || !*pinQ.TransferInFlight {
 				t.Fatalf("stuck handle: %+v", pinQ)
 			}
 			if *pinQ.TransferQueue != 1 {
@@ -75,7 +78,7 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 			l = s.Listing(0)
 			for _, rid := range []string{behind, sameQueue, late} {
 				rq := mustRoom(t, l, rid)
-				if rq.Progress != 0 || rq.Poll != pluginapi.PollWaitingForInput || *rq.TransferInFlight {
+				if rq.Progress != listedProgress(backend, rq.PromptTokens) || rq.Poll != pluginapi.PollWaitingForInput || *rq.TransferInFlight {
 					t.Fatalf("room behind the wedge: %+v", rq)
 				}
 				if r := recordOf(t, s, rid); r.Kind != KindBlockedByWedge || r.Outcome != OutcomeInflight {

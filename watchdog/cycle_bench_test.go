@@ -20,13 +20,24 @@ import (
 // (Step, and marshalling the listings) runs with the timer stopped.
 //
 // Two kinds of load:
-//   - steady: every room is a slow transfer that never finishes but sends a
-//     chunk every 2.5-5 s, so about a quarter of the rooms change progress
-//     each cycle and none leave;
-//   - churn: Poisson traffic, 606 requests/s, with lognormal transfers
-//     whose median (rooms/1000 s) puts the given number of rooms inflight on
-//     average: about 600 rooms arrive and 600 leave each cycle (with 1k
-//     rooms, more than half of them are new every cycle: a busy DP8 server).
+//   - steady: the given number of rooms stand in the inflight queues and
+//     none leave. As in SGLang, their listed progress stands still for the
+//     whole stay; they are rooms that never reach a transfer worker
+//     (sglangsim's ABORT-before-register pin: WaitingForInput, nothing in
+//     flight), so they hold no worker and are never served;
+//   - churn: the same standing rooms, plus Poisson traffic at 606
+//     requests/s with lognormal transfers (median 10 ms, so that each
+//     transfer queue, which SGLang serves serially, keeps up): about 600
+//     rooms arrive and 600 leave each cycle.
+//
+// The simulator's pools are sized for the standing rooms (its defaults,
+// 3,072 requests a rank, could never admit 10k rooms on one rank), and the
+// deadline and stall window are longer than any run, so that no room is
+// judged stuck: the cost of watching, not of acting. (Until the simulator
+// followed SGLang, the steady rooms were slow transfers whose listed
+// progress moved, a quarter of them each cycle, and the churn's rooms were
+// the traffic itself, with a median of rooms/1000 s; serial transfer
+// queues cannot serve that traffic, and the listed progress stands still.)
 //
 // Each reports ns/op (wall), cpu-ns/op (process CPU time over RunCycle
 // only, all threads, from CLOCK_PROCESS_CPUTIME_ID), B/op and allocs/op,
@@ -53,45 +64,46 @@ func (l cycleLoad) String() string {
 func benchSim(b *testing.B, ranks, rooms int, load cycleLoad) (*sglangsim.Sim, *clock.Fake) {
 	b.Helper()
 	c := clock.NewFake(time.Date(2025, 11, 29, 8, 0, 0, 0, time.UTC))
-	o := sglangsim.Options{Clock: c, DPSize: ranks, Era: sglangsim.EraNewest, Seed: 1, HookRunsWhenEmpty: true}
+	perRank := (rooms + ranks - 1) / ranks
+	o := sglangsim.Options{Clock: c, DPSize: ranks, Era: sglangsim.EraNewest, Seed: 1, HookRunsWhenEmpty: true,
+		// Room for the standing rooms on top of the default pools.
+		MaxRunningRequests: sglangsim.DefaultMaxRunningRequests + perRank,
+		KVPoolTokens:       sglangsim.DefaultKVPoolTokens + 512*perRank}
 	if load == loadChurn {
-		// Little's law: rooms = rate * mean time in the queue; the mean of
-		// a lognormal(sigma 1) transfer is exp(0.5) = 1.65 medians. 606
-		// arrivals/s (what 8 simulated ranks batch comfortably at a pass
-		// per 100 ms) with a median of rooms/1000 seconds.
-		o.TransferMedian = time.Duration(rooms) * time.Millisecond
+		// 606 arrivals/s (what 8 simulated ranks batch comfortably at a pass
+		// per 100 ms); the busiest transfer queue of a rank takes a third of
+		// its traffic, at 16.5 ms a transfer on average.
+		o.TransferMedian = 10 * time.Millisecond
 		o.ArrivalRate = 1000 / 1.65
 	}
 	s, err := sglangsim.New(o)
 	if err != nil {
 		b.Fatal(err)
 	}
-	if load == loadSteady {
-		for i := 0; i < rooms; i++ {
-			s.Submit(sglangsim.RequestSpec{Rank: i % ranks, Behavior: sglangsim.BehaviorSlow, Transfer: -1, PromptTokens: 512})
-		}
+	for i := 0; i < rooms; i++ {
+		s.Submit(sglangsim.RequestSpec{Rank: i % ranks, Behavior: sglangsim.BehaviorPinAbortBeforeRegister, PromptTokens: 512})
 	}
 	// Bring them into the inflight queue (a prefill batch holds up to 64k
 	// tokens) and, with traffic, into steady state.
 	warm := 20 * time.Second
-	if load == loadChurn {
-		warm += 10 * o.TransferMedian
-	}
 	for el := time.Duration(0); el < warm; el += 100 * time.Millisecond {
 		c.Advance(100 * time.Millisecond)
 		s.Step()
 	}
-	for queued := true; queued; {
-		queued = false
+	// Until every standing room is inflight (they never leave).
+	for waited := time.Duration(0); ; waited += 250 * time.Millisecond {
+		inflight := 0
 		for i := 0; i < ranks; i++ {
-			if q := s.Listing(i).Queues; load == loadSteady && q.Bootstrap+q.Waiting > 0 {
-				queued = true
-			}
+			inflight += s.Listing(i).Queues.Inflight
 		}
-		if queued {
-			c.Advance(250 * time.Millisecond)
-			s.Step()
+		if inflight >= rooms {
+			break
 		}
+		if waited > 10*time.Minute {
+			b.Fatalf("%d of %d rooms inflight after 10 minutes", inflight, rooms)
+		}
+		c.Advance(250 * time.Millisecond)
+		s.Step()
 	}
 	return s, c
 }
@@ -99,8 +111,9 @@ func benchSim(b *testing.B, ranks, rooms int, load cycleLoad) (*sglangsim.Sim, *
 func benchWatchdog(b *testing.B, c clock.Clock, srcs []*simplugin.Source) *Watchdog {
 	b.Helper()
 	cfg := Config{
-		Clock: c, Interval: time.Second, Deadline: 60 * time.Second, StallWindow: 30 * time.Second,
-		PinWindow: 2 * time.Minute, MaxRooms: 100000, Mode: ModeAuto, MaxPerMinute: 6, ConfirmTimeout: time.Minute,
+		// Longer than any run: no room is judged stuck (see above).
+		Clock: c, Interval: time.Second, Deadline: 24 * time.Hour, StallWindow: 24 * time.Hour,
+		PinWindow: 24 * time.Hour, MaxRooms: 100000, Mode: ModeAuto, MaxPerMinute: 6, ConfirmTimeout: time.Minute,
 	}
 	for _, s := range srcs {
 		cfg.Plugins = append(cfg.Plugins, s)

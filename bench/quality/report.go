@@ -301,7 +301,7 @@ func run(o options) int {
 	}
 
 	// Decode, per pin mechanism.
-	fmt.Printf("\n## Decode side, per pin mechanism (decode deadline %s, SGLang's waiting timeout %s, deferred release %s)\n\n", watchdog.DefaultDecodeDeadline, o.stockTimeout, sglangsim.DeferredReleaseTimeout)
+	fmt.Printf("\n## Decode side, per pin mechanism (decode deadline %s, SGLang's waiting timeout %s, no deferred release as up to SGLang v0.5.18)\n\n", watchdog.DefaultDecodeDeadline, o.stockTimeout)
 	fmt.Printf("| configuration | class | decode slot held median / p99 / max | … those a decode force-fail released | how decode let go | held as \"transfer may be live\" (freed by SGLang's timeout) | pages freed under a live transfer: force-fail / timeout | corruptions caused: force-fail / timeout |\n|---|---|---|---|---|---|---|---|\n")
 	for i, r := range mains {
 		for _, k := range append(append([]sglangsim.Kind{}, pinKinds...), sglangsim.KindBlockedByWedge) {
