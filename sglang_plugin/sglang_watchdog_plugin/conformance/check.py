@@ -67,7 +67,10 @@ class Result:
         if not self.health_check_ok:
             return f"NOT safe to turn {FLAG} on for {b}: a health check request was not refused"
         if self.lever_released is True:
-            return f"safe to turn {FLAG} on for {b}"
+            # What the check proves is the lever, not the rules: a healthy transfer slower than the
+            # deadline still looks stuck to them (README, "Limits").
+            return (f"safe to turn {FLAG} on for {b} as far as the levers go: keep --watchdog.deadline "
+                    f"above your slowest healthy KV transfer (README, Limits)")
         if self.lever_released is False:
             return (f"no use turning {FLAG} on for {b}: the plugin has no lever here and answers "
                     f"501 unsupported (harmless, but nothing is released; alerts and restarts only)")
