@@ -34,7 +34,7 @@ class UserCheck(unittest.TestCase):
     def test_runs_and_gives_a_verdict_per_backend(self):
         self.assertEqual(self.proc.returncode, 0, self.proc.stderr[-2000:] + self.out)
         for backend in ("nixl", "mooncake"):
-            self.assertRegex(self.out, rf"(?m)^verdict: .* for {backend}(:|$)", self.out)
+            self.assertRegex(self.out, rf"(?m)^verdict: .* for {backend}\b", self.out)
         self.assertIn("SGLang", self.out)
 
     def _block(self, backend):

@@ -131,7 +131,7 @@ class Bench:
         except ImportError:
             # Releases without a fake backend (v0.4.6): a health check gets a real sender and transfer,
             # made slow here so that it is still listed when the order comes.
-            req = self._prepare(room, transports.slow(1.5), 1, rid or f"HEALTH_CHECK_{room}")
+            req = self.prepare(room, transports.slow(1.5), 1, rid or f"HEALTH_CHECK_{room}")
             with self._lock:
                 self._pending.append(req)
             return req
