@@ -104,7 +104,6 @@ class _Backend:
         _until(lambda: not self.bench.queued(req.rid), 10, "SGLang's pass to let the request go")
         # SGLang's own failure branch of pop_transferred did the release:
         self.assertEqual(type(req.finished_reason).__name__, "FINISH_ABORT", "released, but not as an abort")
-        self.assertIn("sglang-watchdog", str(getattr(req.finished_reason, "message", "")))
         streamed = self._streamed(req.rid)
         if "stream_output" in _source(_RT.decode.DecodeTransferQueue.pop_transferred):
             self.assertTrue(streamed, "its abort was not streamed to the client")

@@ -25,6 +25,8 @@ What stands in, and why:
 * the radix tree (``cache_finished_req`` records what SGLang's release path
   hands back), the stream to the tokenizer (recorded) and the metrics
   collector (counted), as on prefill;
+* the prefill server: its inflight pass polls each sender every pass, which
+  the bench's loop does before each decode pass;
 * the prefill's metadata write: the fake transports move no bytes, so when
   every transfer of a room is done the bench writes the room and a first
   token into SGLang's own ``MetadataBuffers`` slot, as prefill's last chunk
@@ -142,7 +144,7 @@ class DecodeBench(bench_module.Bench):
         s.num_tokens_pre_allocated = 0
         s.spec_algorithm = _spec_algorithm()
         s.tp_worker = types.SimpleNamespace(is_hybrid_swa=False)
-        s.model_config = types.SimpleNamespace(num_hidden_layers=1, is_hybrid_swa=False)
+        s.model_config = _Args(None, num_hidden_layers=1, is_hybrid=False, is_hybrid_swa=False)
         s.ps.gpu_id = 0
         s.gpu_id = 0
         pool = FullPool()
@@ -151,6 +153,7 @@ class DecodeBench(bench_module.Bench):
         self.pool = pool
         metadata_allocator = rt.utils.ReqToMetadataIdxAllocator(metadata_slots)
         s.req_to_metadata_buffer_idx_allocator = metadata_allocator
+        _runtime_dtypes(torch)
         self.metadata_buffers = construct(rt.utils.MetadataBuffers, dict(
             size=metadata_slots, hidden_size=16, dtype=torch.float32, hidden_states_dtype=torch.float32,
             device="cpu"), "MetadataBuffers")
@@ -197,6 +200,7 @@ class DecodeBench(bench_module.Bench):
                     self.scheduler.disagg_decode_prealloc_queue.add(item)
                 else:
                     self.scheduler.disagg_decode_transfer_queue.extend([item])
+            self._poll_senders()
             self._write_arrived_metadata()
             try:
                 self.scheduler.process_decode_queue()
@@ -206,6 +210,18 @@ class DecodeBench(bench_module.Bench):
                 self.errors.append(e)
             self.passes += 1
             time.sleep(self.pass_interval)
+
+    def _poll_senders(self):
+        """The prefill server's inflight pass polls its senders every pass; some releases' NIXL senders settle
+        their transfers (and so notify decode) only when polled."""
+        for link in list(self.links.values()):
+            if getattr(link, "settled", False):
+                continue
+            try:
+                state = self.rt.poll_names.get(int(link.sender.poll()))
+            except Exception:
+                state = "Failed"
+            link.settled = state in ("Success", "Failed")
 
     def _write_arrived_metadata(self):
         """Prefill's metadata write, which the fake transports do not move: once every transfer of a room is done."""
@@ -287,6 +303,19 @@ class DecodeBench(bench_module.Bench):
         if prefill_stopped is not None:
             body["prefill_stopped"] = prefill_stopped
         return self.post("/admin/force_fail", body)
+
+
+def _runtime_dtypes(torch):
+    """Dtypes MetadataBuffers reads when built (``torch.uint64`` for the room) that an older torch lacks.
+
+    The loader stands in missing attributes at import time; these are read at run time, so the same stand-in
+    (the nearest dtype the torch has: int64, wide enough for the rooms used here) is set before.
+    """
+    loader = runtime_module.loader
+    for name in ("uint64", "uint32", "uint16"):
+        if not hasattr(torch, name):
+            setattr(torch, name, loader._stand_in_attribute(torch, name))
+            loader.loaded.attributes.add(f"torch.{name}")
 
 
 def _spec_algorithm():
