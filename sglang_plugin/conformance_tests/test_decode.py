@@ -48,6 +48,11 @@ class _Backend:
             if "builds its KV manager inline" in str(e):
                 self.skipTest(str(e))
             raise
+        except ValueError as e:
+            if "max_workers" in str(e) and (os.cpu_count() or 1) < 4:
+                self.skipTest(f"this release's {self.backend} KV manager sizes its thread pool as os.cpu_count() // 4, "
+                              f"which is 0 on this {os.cpu_count()}-CPU machine: SGLang itself cannot start here ({e})")
+            raise
         self.bench.start()
         self.addCleanup(self.bench.stop)
         self.server = self.bench.listing()["server"]

@@ -118,6 +118,7 @@ class DecodeBench(bench_module.Bench):
         self._thread = None
         self.links = {}
         self._awaiting_metadata = {}  # room -> (DecodeRequest, slot)
+        self.bootstrap_port = rt.bootstrap_server(backend)[1]  # each backend has its own bootstrap server here
         self.scheduler = self._scheduler(metadata_slots)
 
     # Construction ----------------------------------------------------------
@@ -154,9 +155,12 @@ class DecodeBench(bench_module.Bench):
         metadata_allocator = rt.utils.ReqToMetadataIdxAllocator(metadata_slots)
         s.req_to_metadata_buffer_idx_allocator = metadata_allocator
         _runtime_dtypes(torch)
-        self.metadata_buffers = construct(rt.utils.MetadataBuffers, dict(
-            size=metadata_slots, hidden_size=16, dtype=torch.float32, hidden_states_dtype=torch.float32,
-            device="cpu"), "MetadataBuffers")
+        if hasattr(rt.utils, "MetadataBuffers"):
+            self.metadata_buffers = construct(rt.utils.MetadataBuffers, dict(
+                size=metadata_slots, hidden_size=16, dtype=torch.float32, hidden_states_dtype=torch.float32,
+                device="cpu"), "MetadataBuffers")
+        else:  # the oldest releases: a list of tensors, the first holding each slot's output id (Scheduler.__init__)
+            self.metadata_buffers = [torch.zeros((metadata_slots, 16), dtype=torch.int32, device="cpu")]
         Backend = getattr(rt.utils, "TransferBackend", None)
         backend_value = next((v for v in Backend if str(v.value).lower() == self.backend), self.backend) \
             if Backend is not None else self.backend
@@ -177,7 +181,7 @@ class DecodeBench(bench_module.Bench):
             req_to_token_pool=pool, token_to_kv_pool_allocator=pool, draft_token_to_kv_pool=None,
             req_to_metadata_buffer_idx_allocator=metadata_allocator, metadata_buffers=self.metadata_buffers,
             scheduler=s, transfer_queue=transfer, tree_cache=s.tree_cache, gloo_group=rt.group, tp_rank=0,
-            tp_size=1, dp_size=1, gpu_id=0, bootstrap_port=rt.bootstrap_port, max_total_num_tokens=4096,
+            tp_size=1, dp_size=1, gpu_id=0, bootstrap_port=self.bootstrap_port, max_total_num_tokens=4096,
             prefill_pp_size=1, pp_rank=0, num_reserved_decode_tokens=16, transfer_backend=backend_value,
             aux_dtype=torch.int32, token_to_kv_pool=pool), "DecodePreallocQueue")
         prealloc.kv_manager = manager
@@ -230,6 +234,8 @@ class DecodeBench(bench_module.Bench):
             if not transfers or any(t.state != "DONE" for t in transfers):
                 continue
             buffers = self.metadata_buffers
+            if isinstance(buffers, list):
+                buffers[0][slot].fill_(1)
             for name, value in (("output_ids", 1), ("bootstrap_room", room), ("cached_tokens", 0)):
                 tensor = getattr(buffers, name, None)
                 if tensor is not None and hasattr(tensor, "shape"):
@@ -246,6 +252,7 @@ class DecodeBench(bench_module.Bench):
     def admit_prealloc(self, room, rid=None):
         """A new request handed to SGLang's own DecodePreallocQueue.add, which makes its receiver."""
         req = sch.make_req(self.rt, room, rid=rid)
+        req.bootstrap_port = self.bootstrap_port
         req.req_pool_idx = None
         if hasattr(req, "kv"):
             req.kv = None
@@ -264,6 +271,7 @@ class DecodeBench(bench_module.Bench):
         link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, self.decode_mgr, slot=slot)
         link.bootstrap()
         req = sch.make_req(self.rt, room, rid=rid)
+        req.bootstrap_port = self.bootstrap_port
         req.req_pool_idx = slot
         decode_req = construct(self.rt.decode.DecodeRequest, dict(req=req, kv_receiver=link.receiver),
                                "DecodeRequest")

@@ -75,7 +75,7 @@ class Link:
         self.receiver = Receiver(**_accepted(Receiver, mgr=decode_mgr, bootstrap_addr=addr, bootstrap_room=room,
                                              prefill_dp_rank=0, data_parallel_rank=0))
         # Each request writes its own decode pages and metadata slot, so a transfer is known by where it writes.
-        self.kv_indices = np.arange(slot * pages, (slot + 1) * pages, dtype=np.int32)
+        self.kv_indices = np.arange(slot * pages, (slot + 1) * pages, dtype=_wire_dtype(conn))
         self.aux_index = slot
         args = decode_mgr.kv_args
         item = args.kv_item_lens[0]
@@ -102,9 +102,15 @@ class Link:
         params = inspect.signature(init).parameters
         init(*[self.pages, self.aux_index][: len(params)])
         per = max(1, self.pages // chunks)
+        # The oldest releases take the chunk's slice of the request and whether it is the last one.
+        takes_slice = "index_slice" in inspect.signature(self.sender.send).parameters
         for start in range(0, self.pages, per):
-            indices = np.arange(start, min(self.pages, start + per), dtype=np.int32)
-            self.sender.send(indices)
+            end = min(self.pages, start + per)
+            indices = np.arange(start, end, dtype=np.int32)
+            if takes_slice:
+                self.sender.send(indices, slice(start, end), end >= self.pages)
+            else:
+                self.sender.send(indices)
 
 
 class PrefillScheduler:
@@ -166,6 +172,18 @@ def make_req(rt, room, rid=None, sender=None, input_len=4):
     if "kv" in vars(req) or hasattr(type(req), "kv"):
         req.kv = types.SimpleNamespace(kv_allocated_len=input_len)
     return req
+
+
+def _wire_dtype(conn):
+    """The dtype the prefill side reads decode's page indices in (int64 in the oldest NIXL, int32 since)."""
+    import re
+
+    try:
+        source = inspect.getsource(conn)
+    except (OSError, TypeError):
+        return np.int32
+    match = re.search(r"dst_kv_indices\s*=\s*np\.frombuffer\([^)]*dtype=np\.(int\d+)", source)
+    return getattr(np, match.group(1)) if match else np.int32
 
 
 def _accepted(fn, **kwargs):
