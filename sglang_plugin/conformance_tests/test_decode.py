@@ -163,6 +163,41 @@ class _Backend:
             if "stream_output" in _source(_RT.decode.DecodePreallocQueue.pop_preallocated):
                 self.assertTrue(self._streamed(req.rid), "its abort was not streamed to the client")
 
+    def test_sglang_own_abort(self):
+        """What SGLang's Scheduler.abort_request does on decode (kv_receiver.abort(), then its queue passes)."""
+        receiver_cls = type(self.bench.decode_mgr).__name__.replace("Manager", "Receiver")
+        if not hasattr(getattr(_RT.conns[self.backend], receiver_cls, None), "abort"):
+            self.skipTest(f"{receiver_cls} has no abort(): SGLang's own abort_request cannot abort it either")
+        hung = self.bench.admit(self.room(), transports.HANG)
+        waiting = self.bench.admit_prealloc(self.room())
+        _until(lambda: (self.bench.listed(waiting.rid) or {}).get("poll") == "WaitingForInput", 10, "the handshake")
+        self.bench.hold()
+        try:  # on the scheduler thread's turn, as abort_request runs between passes
+            hung.decode_request.kv_receiver.abort()
+            next(d for d in self.bench.scheduler.disagg_decode_prealloc_queue.queue
+                 if d.req.rid == waiting.rid).kv_receiver.abort()
+        finally:
+            self.bench.running.set()
+        if not self.levers:  # the release's Failed branches raise: its own abort ends the scheduler
+            _until(lambda: self.bench.errors, 10, "SGLang's pass to raise on its own aborted receiver")
+            self.bench.hold()
+            self.assertIn("failed", str(self.bench.errors[0]).lower())
+            self.bench.errors.clear()  # expected here: SGLang's own abort, not the plugin's
+            return
+        # Transfer queue: released at once, pages and all, whether or not prefill may still write into them.
+        _until(lambda: not self.bench.queued(hung.rid), 10, "SGLang's transfer pass to release its own abort")
+        self.assertEqual(type(hung.finished_reason).__name__, "FINISH_ABORT")
+        handshake = _source(_RT.decode.DecodePreallocQueue._update_handshake_waiters)
+        if "conclude_state" in handshake:  # "Still poll if any receiver was aborted"
+            _until(lambda: not self.bench.queued(waiting.rid), 10, "SGLang's prealloc pass to release its own abort")
+            self.assertEqual(type(waiting.finished_reason).__name__, "FINISH_ABORT")
+        else:  # every prealloc request waits for input: no receiver is polled, the aborted one stays
+            time.sleep(0.5)
+            self.assertEqual(self.bench.queue_of(waiting.rid), "prealloc",
+                             "SGLang's prealloc pass now reads aborted receivers: the plugin's re-poll is not needed")
+            self.assertIsNone(waiting.finished_reason)
+            self.assertEqual(self.bench.listed(waiting.rid)["poll"], "Failed")
+
     def test_deferred_decode_kv_release_is_absent(self):
         """Deferred decode KV release: proven absent by structure; the listing must say "not in this release"."""
         import sglang
