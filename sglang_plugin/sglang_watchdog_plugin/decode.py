@@ -85,10 +85,37 @@ def observe_receiver(receiver, room):
     if concluded is not None:
         poll = as_poll_code(concluded)
     else:
-        poll = _status(manager, room)
+        reads_status = _poll_reads_status(type(receiver))
+        # A poll() that never asks the manager (NIXL up to v0.5.3) answers WaitingForInput until done.
+        poll = WAITING_FOR_INPUT if reads_status is False else _status(manager, room)
         if done is not None and poll not in (SUCCESS, FAILED):
             poll = done  # all chunks are in: the next poll() latches this
     return ReceiverView(poll, progress, expected, _started(receiver, progress, poll))
+
+
+_reads_status = {}
+
+
+def _poll_reads_status(receiver_cls):
+    """Whether the receiver's poll() answers from ``kv_mgr.check_status``: True, False or None (unreadable).
+
+    SGLang's NixlKVReceiver.poll up to v0.5.3 (``disaggregation/nixl/conn.py``,
+    v0.4.6, v0.4.10, v0.5.3) returns its latched ``conclude_state``, else
+    WaitingForInput until every chunk arrived, and never reads the manager's
+    per-room status, which holds no entry for such a room: reading it there
+    listed the room as Unknown while SGLang's poll() said WaitingForInput.
+    """
+    known = _reads_status.get(receiver_cls, ())
+    if known != ():
+        return known
+    tree = capabilities._function_tree(getattr(receiver_cls, "poll", None))
+    if tree is None:
+        answer = None
+    else:
+        attributes = capabilities._attributes(tree)
+        answer = True if "check_status" in attributes else False if "WaitingForInput" in attributes else None
+    _reads_status[receiver_cls] = answer
+    return answer
 
 
 def _status(manager, room):
@@ -329,6 +356,8 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
     would_defer = queue == TRANSFER and deferred_release(manager) is True and can_register_deferred(manager)
     if failed:
         result, levers = "already_failed", [ABORT] + ([DEFERRED_ABORT] if note_deferred(decode_req, None) else [])
+        if not order.dry_run:
+            _repoll_prealloc(queue, decode_req)
     elif order.dry_run:
         result, levers = "would_flip", [ABORT] + ([DEFERRED_ABORT] if would_defer else [])
     else:
@@ -340,6 +369,7 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
             return internal_error(order.rid, "the receiver's abort() raised; see the scheduler log")
         levers = [ABORT]
         record_failure(manager, room, reason, "the receiver is aborted anyway")
+        _repoll_prealloc(queue, decode_req)
         # What Scheduler.abort_request does after abort() for the transfer queue.
         if would_defer and getattr(receiver, "abort_notified", False) is True:
             try:
@@ -354,6 +384,23 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
                        ",".join(levers))
     return Outcome(200, {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": "conclude_state",
                          "levers": levers, "applied_unix": time.time()})
+
+
+def _repoll_prealloc(queue, decode_req):
+    """Makes SGLang's prealloc pass poll the aborted receiver, so that its own Failed branch releases it.
+
+    SGLang up to v0.5.11 (``DecodePreallocQueue._update_handshake_waiters``,
+    ``disaggregation/decode.py``) returns without polling any receiver while
+    every prealloc request has ``waiting_for_input`` set; an aborted one then
+    stays queued until pages free up for it (v0.5.18 added the check "Still
+    poll if any receiver was aborted"). Clearing the flag of the aborted
+    request (set again by SGLang only on a WaitingForInput poll, which a
+    latched Failed never returns) makes the next pass poll it and take the
+    Failed branch; a request without the flag is never given pages, which is
+    what an aborted request needs.
+    """
+    if queue == PREALLOC and getattr(decode_req, "waiting_for_input", None) is True:
+        decode_req.waiting_for_input = False
 
 
 def transfer_live(rid, room, started):

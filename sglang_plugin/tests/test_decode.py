@@ -383,3 +383,61 @@ class ThreadingTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _OldNixlReceiver:
+    """NixlKVReceiver.poll as in SGLang v0.4.10 (disaggregation/nixl/conn.py): never asks the manager."""
+
+    def __init__(self, mgr):
+        self.kv_mgr, self.conclude_state, self.started_transfer, self.bootstrap_room = mgr, None, True, 5
+
+    def poll(self):
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if not self.started_transfer:
+            return KVPoll.WaitingForInput
+        return KVPoll.WaitingForInput
+
+    def abort(self):
+        self.conclude_state = KVPoll.Failed
+
+
+class _EmptyStatusManager:
+    """A manager whose per-room status has no entry for the room, or says Failed where poll() would not."""
+
+    def __init__(self, status=None):
+        self.status = status
+
+    def check_status(self, room):
+        if self.status is None:
+            raise KeyError(room)
+        return self.status
+
+
+class RegressionsFoundOnSGLangTest(unittest.TestCase):
+    """Plugin bugs the conformance suite showed on SGLang's own decode code."""
+
+    def test_nixl_poll_without_manager_status_reads_waiting_for_input(self):
+        # v0.4.10: the listing said Unknown while SGLang's poll() said WaitingForInput.
+        for status in (None, KVPoll.Failed):
+            receiver = _OldNixlReceiver(_EmptyStatusManager(status))
+            view = decode.observe_receiver(receiver, 5)
+            self.assertEqual(view.poll, int(receiver.poll()), status)
+
+    def test_prealloc_abort_is_polled_where_sglang_skips_waiting_requests(self):
+        # v0.5.11 and older: _update_handshake_waiters returns without polling while every prealloc request has
+        # waiting_for_input set, so an aborted one stayed queued; the order makes SGLang poll it again.
+        receiver = _OldNixlReceiver(_EmptyStatusManager(KVPoll.WaitingForInput))
+        receiver.started_transfer = False
+        req = type("Req", (), {"rid": "r-1", "bootstrap_room": 5, "bootstrap_host": "10.0.0.7"})()
+        decode_req = type("DecodeRequest", (), {})()
+        decode_req.req, decode_req.kv_receiver, decode_req.waiting_for_input = req, receiver, True
+        scheduler = type("S", (), {})()
+        scheduler.disagg_decode_prealloc_queue = type("Q", (), {"queue": [decode_req]})()
+        caps = decode.Capabilities((decode.ABORT,), "")
+        for dry_run, expected in ((True, True), (False, False)):
+            outcome = decode.apply_order(ForceFailOrder("r-1", 5, "stuck", dry_run), scheduler, lambda r: caps,
+                                         lambda d, registered: False)
+            self.assertEqual(outcome.status, 200, outcome)
+            self.assertIs(decode_req.waiting_for_input, expected, f"dry_run={dry_run}")
+        self.assertEqual(receiver.conclude_state, KVPoll.Failed)
