@@ -25,7 +25,6 @@ class Bench:
         self.rt, self.backend = rt, backend
         self.prefill_mgr = rt.manager(backend, "prefill")
         self.decode_mgr = rt.manager(backend, "decode")
-        self.scheduler = sch.prefill_scheduler(rt, backend, self.prefill_mgr)
         self.pass_interval = pass_interval
         self.passes = 0
         self.errors = []  # exceptions SGLang's pass raised: each one would kill a real scheduler
@@ -37,9 +36,16 @@ class Bench:
         self._held = threading.Event()
         self._thread = None
         self.links = {}
-        self.needs_requests = rt.pass_needs_requests()
         self._first_rooms = iter(range(900000, 999999))
         self.after_pass = []  # callables run on the scheduler thread after each pass (the server's stats)
+        self.scheduler = self._scheduler()
+        self.needs_requests = self._pass_needs_requests()
+
+    def _scheduler(self):
+        return sch.prefill_scheduler(self.rt, self.backend, self.prefill_mgr)
+
+    def _pass_needs_requests(self):
+        return self.rt.pass_needs_requests()
 
     def start(self):
         os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")

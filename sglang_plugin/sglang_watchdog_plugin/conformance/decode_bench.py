@@ -103,29 +103,20 @@ def construct(cls, values, what):
 
 class DecodeBench(bench_module.Bench):
     def __init__(self, rt, backend, pass_interval=0.005, metadata_slots=32):
-        self.rt, self.backend = rt, backend
-        self.prefill_mgr = rt.manager(backend, "prefill")
-        self.decode_mgr = rt.manager(backend, "decode")
-        self.pass_interval = pass_interval
-        self.passes = 0
-        self.errors = []
-        self._pending = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.running = threading.Event()
-        self.running.set()
-        self._held = threading.Event()
-        self._thread = None
-        self.links = {}
         self._awaiting_metadata = {}  # room -> (DecodeRequest, slot)
         self.bootstrap_port = rt.bootstrap_server(backend)[1]  # each backend has its own bootstrap server here
-        self.scheduler = self._scheduler(metadata_slots)
+        self.metadata_slots = metadata_slots
+        super().__init__(rt, backend, pass_interval)
+
+    def _pass_needs_requests(self):
+        return False  # the decode event loops run the queue pass on every iteration
 
     # Construction ----------------------------------------------------------
 
-    def _scheduler(self, metadata_slots):
+    def _scheduler(self):
         import torch
 
+        metadata_slots = self.metadata_slots
         rt = self.rt
         decode = rt.decode
         Mixin = decode.SchedulerDisaggregationDecodeMixin
@@ -242,10 +233,6 @@ class DecodeBench(bench_module.Bench):
                     tensor[slot].fill_(0)
                     tensor[slot][0] = value
             del self._awaiting_metadata[room]
-
-    def start(self):
-        super().start()
-        return self
 
     # Requests -------------------------------------------------------------
 
