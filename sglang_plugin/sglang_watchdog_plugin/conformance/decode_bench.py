@@ -35,7 +35,6 @@ What stands in, and why:
 
 import inspect
 import logging
-import threading
 import time
 import types
 

@@ -13,19 +13,15 @@ version number.
 import copy
 import dataclasses
 import inspect
-import itertools
-import logging
 import os
 import socket
 import sys
-import threading
 import time
 import types
 import typing
 
 from . import loader, transports
 
-logger = logging.getLogger("sglang_watchdog_plugin.conformance")
 
 BACKENDS = ("nixl", "mooncake")
 
@@ -66,7 +62,6 @@ class Runtime:
         self.bootstrap_port = free_port()
         self.server_args = self._server_args()
         self._process_state()
-        self.rooms = itertools.count(1000)
         self._bootstrap_servers = {}
 
     def pass_needs_requests(self):
@@ -169,7 +164,7 @@ class Runtime:
 
         KVArgs = self.base.KVArgs
         args = KVArgs()
-        for name, hint in typing.get_type_hints(KVArgs, include_extras=False).items() if _hints(KVArgs) else ():
+        for name, hint in (_hints(KVArgs) or {}).items():
             setattr(args, name, _default_for(hint))
         item_len, aux_slots = 256, self.slots
         pages = 4 * aux_slots
