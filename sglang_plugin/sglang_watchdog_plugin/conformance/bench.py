@@ -82,10 +82,8 @@ class Bench:
             self._held.clear()
             with self._lock:
                 pending, self._pending = self._pending, []
-            self.scheduler.disagg_prefill_inflight_queue.extend(pending)
             try:
-                if self.scheduler.disagg_prefill_inflight_queue or not self.needs_requests:
-                    self.scheduler.process_disagg_prefill_inflight_queue()
+                self._pass(pending)
             except Exception as e:  # a real scheduler process dies here
                 self.errors.append(e)
             for fn in self.after_pass:
@@ -95,6 +93,12 @@ class Bench:
                     self.errors.append(e)
             self.passes += 1
             time.sleep(self.pass_interval)
+
+    def _pass(self, pending):
+        """One iteration of the event loop: the newly admitted requests join the queue, then SGLang's pass."""
+        self.scheduler.disagg_prefill_inflight_queue.extend(pending)
+        if self.scheduler.disagg_prefill_inflight_queue or not self.needs_requests:
+            self.scheduler.process_disagg_prefill_inflight_queue()
 
     # Requests -------------------------------------------------------------
 

@@ -35,7 +35,6 @@ What stands in, and why:
 
 import inspect
 import logging
-import time
 import types
 
 from . import bench as bench_module
@@ -180,30 +179,19 @@ class DecodeBench(bench_module.Bench):
 
     # The loop ------------------------------------------------------------
 
-    def _loop(self):
-        while not self._stop.is_set():
-            if not self.running.is_set():
-                self._held.set()
-                self.running.wait(0.05)
-                continue
-            self._held.clear()
-            with self._lock:
-                pending, self._pending = self._pending, []
-            for kind, item in pending:
-                if kind == "prealloc":
-                    self.scheduler.disagg_decode_prealloc_queue.add(item)
-                else:
-                    self.scheduler.disagg_decode_transfer_queue.extend([item])
-            self._poll_senders()
-            self._write_arrived_metadata()
-            try:
-                self.scheduler.process_decode_queue()
-            except Exception as e:  # a real scheduler process dies here
-                if not self.errors:
-                    logging.getLogger(__name__).exception("SGLang's decode pass raised")
-                self.errors.append(e)
-            self.passes += 1
-            time.sleep(self.pass_interval)
+    def _pass(self, pending):
+        for kind, item in pending:
+            if kind == "prealloc":
+                self.scheduler.disagg_decode_prealloc_queue.add(item)
+            else:
+                self.scheduler.disagg_decode_transfer_queue.extend([item])
+        self._poll_senders()
+        self._write_arrived_metadata()
+        try:
+            self.scheduler.process_decode_queue()
+        except Exception:
+            logging.getLogger(__name__).exception("SGLang's decode pass raised")
+            raise
 
     def _poll_senders(self):
         """The prefill server's inflight pass polls its senders every pass; some releases' NIXL senders settle
