@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // --web.systemd-socket serves on the socket systemd passes: here a loopback
@@ -38,7 +39,13 @@ func TestSystemdSocketActivation(t *testing.T) {
 		}
 	})
 	waitHealthy(t, "http://"+l.Addr().String())
-	if !strings.Contains(logs.String(), "systemd") {
-		t.Errorf("no log line about the systemd listeners")
+	// The log reaches the buffer through exec's copying goroutine, which may
+	// lag behind the answer that waitHealthy got.
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "systemd") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line about the systemd listeners")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
