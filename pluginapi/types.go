@@ -12,6 +12,9 @@ const (
 	PathInflight  = "/debug/inflight"
 	PathForceFail = "/admin/force_fail"
 	PathRestart   = "/admin/restart"
+	// PathWedgeOrder takes a standing order for one wedged transfer queue
+	// (round 4).
+	PathWedgeOrder = "/admin/wedge_order"
 )
 
 // Poll states as the plugin reports them.
@@ -48,6 +51,13 @@ const (
 	// The levers were pulled, yet the sender does not poll Failed: SGLang
 	// will not release the request (HTTP 500, counted as an error).
 	ResultLeverIneffective = "lever_ineffective"
+)
+
+// Wedge order results (POST /admin/wedge_order, round 4).
+const (
+	ResultOrdered      = "ordered"
+	ResultWouldOrder   = "would_order"
+	ResultWedgeCleared = "wedge_cleared"
 )
 
 // Disaggregation modes (server.disaggregation_mode).
@@ -103,6 +113,69 @@ type Listing struct {
 	// DecodeRequests lists the requests of a decode scheduler's prealloc
 	// and transfer queues (round 3); nil on prefill and older plugins.
 	DecodeRequests []DecodeRequest `json:"decode_requests,omitempty"`
+	// TransferWorkers describes each transfer worker of a prefill KV
+	// manager (round 4); nil where server.transfer_progress is not true.
+	TransferWorkers []TransferWorker `json:"transfer_workers"`
+	// WedgeOrders lists the standing wedge orders (round 4); nil on older
+	// plugins.
+	WedgeOrders []WedgeOrderState `json:"wedge_orders"`
+}
+
+// TransferWorker is one transfer queue and the worker that serves it
+// (round 4).
+type TransferWorker struct {
+	TransferQueue int   `json:"transfer_queue"`
+	Tracked       bool  `json:"tracked"`
+	Depth         int   `json:"depth"`
+	ChunksTaken   int64 `json:"chunks_taken"`
+	// InFlight is the chunk in the worker's hands; nil while it waits.
+	InFlight *ChunkInFlight `json:"in_flight"`
+	// Recent holds [pages, seconds] of the chunks it finished last,
+	// oldest first.
+	Recent [][2]float64 `json:"recent"`
+}
+
+// ChunkInFlight is the chunk a transfer worker holds.
+type ChunkInFlight struct {
+	Chunk         int64   `json:"chunk"`
+	BootstrapRoom uint64  `json:"bootstrap_room"`
+	Pages         int     `json:"pages"`
+	LastChunk     bool    `json:"last_chunk"`
+	Seconds       float64 `json:"seconds"`
+}
+
+// WedgeOrderState is a standing wedge order as the listing reports it.
+type WedgeOrderState struct {
+	TransferQueue    int     `json:"transfer_queue"`
+	Chunk            int64   `json:"chunk"`
+	ExpiresInSeconds float64 `json:"expires_in_seconds"`
+	RoomsFailed      int     `json:"rooms_failed"`
+}
+
+// WedgeOrderRequest is the body of POST /admin/wedge_order (round 4).
+type WedgeOrderRequest struct {
+	TransferQueue int     `json:"transfer_queue"`
+	Chunk         int64   `json:"chunk"`
+	TTLSeconds    float64 `json:"ttl_seconds"`
+	MinAgeSeconds float64 `json:"min_age_seconds"`
+	Reason        string  `json:"reason,omitempty"`
+	DryRun        bool    `json:"dry_run"`
+}
+
+// WedgeOrderResponse is the body of every POST /admin/wedge_order answer.
+type WedgeOrderResponse struct {
+	Result           string       `json:"result"`
+	ExpiresInSeconds float64      `json:"expires_in_seconds,omitempty"`
+	Failed           []FailedRoom `json:"failed"`
+	LeverNote        string       `json:"lever_note,omitempty"`
+	Error            string       `json:"error,omitempty"`
+}
+
+// FailedRoom is a room a wedge order failed (or would fail).
+type FailedRoom struct {
+	RID           string   `json:"rid"`
+	BootstrapRoom uint64   `json:"bootstrap_room"`
+	Levers        []string `json:"levers,omitempty"`
 }
 
 // DecodeRequest is one request waiting in a decode scheduler's prealloc
@@ -156,6 +229,9 @@ type Server struct {
 	// transfer_in_flight of false may only mean the backend exposes
 	// nothing, and proves nothing.
 	TransferTracking *bool `json:"transfer_tracking,omitempty"`
+	// TransferProgress is true on prefill when the plugin watches every
+	// transfer worker and reports Listing.TransferWorkers (round 4).
+	TransferProgress *bool `json:"transfer_progress,omitempty"`
 }
 
 // Loop is the scheduler-loop liveness counter seen by the plugin's hook.
@@ -189,6 +265,9 @@ type Room struct {
 	// Round 2; nil means the plugin does not report it.
 	TransferInFlight *bool `json:"transfer_in_flight,omitempty"`
 	TransferQueue    *int  `json:"transfer_queue"`
+	// ChunksQueued counts this room's chunks waiting in its transfer queue
+	// (round 4); nil where the plugin does not report it.
+	ChunksQueued *int `json:"chunks_queued"`
 }
 
 // ForceFailRequest is the body of POST /admin/force_fail.
