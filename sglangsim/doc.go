@@ -4,7 +4,9 @@
 // benchmarks. It serves SGLang's /metrics (prometheus_client multiprocess
 // text output, per label era) and the watchdog plugin's HTTP API
 // (docs/plugin-api.md, including its "Project clarifications", "Round 2
-// additions" and "Round 3 additions") for every prefill (dp, pp) rank and
+// additions", "Round 3 additions" and "Round 4 additions"; the round-4
+// fields and path go with Options.PreRound4Plugin) for every prefill
+// (dp, pp) rank and
 // every decode rank. It is
 // meant to be as unforgiving as SGLang: a watchdog that passes only because
 // the simulator is kind is wrong. References like "SGLang v0.5.18:
@@ -176,6 +178,56 @@
 // deadline. It skips the chunks of a room whose status is Failed (an abort
 // took, SGLang v0.5.18: disaggregation/nixl/conn.py transfer_worker) or that
 // the scheduler released, after the chunk in flight, if any, settles.
+//
+// # Chunks, links and transfer progress (round 4)
+//
+// Read in SGLang v0.5.18: disaggregation/nixl/conn.py and mooncake/conn.py
+// transfer_worker.
+//
+// A room's transfer is a run of chunks queued whole as it enters the
+// inflight queue: 1,024 tokens a chunk, at least one every SlowChunkEvery
+// of a long transfer, or RequestSpec.Chunks (1: one huge chunk); the
+// prompt's pages (page size 1) are split evenly over them. The worker
+// takes one chunk at a time: chunk i of a room ends at pickup + (i+1) x
+// chunkEvery of its planned transfer time (the first includes the pickup),
+// and that time runs at its queue's link speed (SetLinkSpeed, a factor of
+// the planned speed per rank and queue, changeable at any time and kept
+// across restarts: 0.01 makes every chunk take 100 times as long, 0 stops
+// it). So the worker's time per chunk is pages over the link's speed of
+// the moment. A chunk that errors (BehaviorTransferFail) ends when it
+// fails; a stuck handle (PinStuckHandle) is the chunk held for ever. The
+// worker skips the chunks of a Failed or released room when it reaches
+// them, all at once and in no time, as SGLang's check_status(room) ==
+// Failed does; until then they stay queued. A released room's chunk in
+// flight settles when the worker's time reaches its end (its orphan's end
+// was guessed at the release at the link speed of the time, and is
+// corrected then).
+//
+// The plugin lists what a round-4 plugin lists: server.transfer_progress
+// (true with worker queues; false on mid-2025 NIXL, whose manager has
+// none), transfer_workers (tracked is always true: the plugin loads with
+// the process; depth, chunks_taken, in_flight with the time held, recent:
+// the last 32 chunks that carried pages, [pages, seconds held], a skipped
+// chunk with 0 s) and each room's chunks_queued (0 for an endless transfer
+// and an unregistered room, null for health checks). Listing a rank plays
+// its workers up to the clock's present time.
+//
+// POST /admin/wedge_order (WedgeOrder) follows the contract: 401, 400 (the
+// field named), 503 while booting or with the loop paused, 501 without
+// transfer progress or without a lever (lever_note), 404 for a queue
+// beyond TransferQueues, 409 wedge_cleared when the worker does not hold
+// that chunk (any standing order for the queue is dropped), 200
+// would_order for a dry run (nothing stands), else 200 ordered. The order
+// is taken under the scheduler's lock as between two passes and applied
+// at once; then every pass applies it, before the inflight poll, until it
+// expires (ttl_seconds after the last call) or the worker holds another
+// chunk. It fails, with the force-fail levers, every room of the rank's
+// inflight queue bound for that queue except health checks, rooms whose
+// status is Success or Failed, rooms already failed and rooms younger than
+// min_age_seconds; each call answers the rooms failed since the previous
+// one, this call's own included. Record.WedgeOrdered marks them. A
+// restart forgets every order. ClientAbort is a client's abort (SGLang's
+// own abort(), nobody's force-fail).
 //
 // # Pins
 //

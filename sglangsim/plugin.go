@@ -195,12 +195,8 @@ func ParseRestart(body []byte) (pluginapi.RestartRequest, string) {
 		return req, "pid is required and must be a positive integer"
 	}
 	req.PID = int(pid)
-	if raw, ok := obj["dry_run"]; ok {
-		b, isBool := raw.(bool)
-		if !isBool {
-			return req, "dry_run must be a boolean"
-		}
-		req.DryRun = b
+	if msg := boolField(obj, "dry_run", &req.DryRun); msg != "" {
+		return req, msg
 	}
 	if reason, ok := obj["reason"].(string); ok {
 		req.Reason = reason
@@ -229,11 +225,18 @@ func refuseWhile(down func() bool, h http.Handler) http.Handler {
 }
 
 // PluginHandler serves the plugin API of one rank: GET /healthz, GET
-// /debug/inflight, POST /admin/force_fail and POST /admin/restart. While
+// /debug/inflight, POST /admin/force_fail, POST /admin/restart and
+// (unless Options.PreRound4Plugin) POST /admin/wedge_order. While
 // the server boots after a restart it refuses connections. It panics if the
 // rank does not exist.
 func (s *Sim) PluginHandler(rank int) http.Handler {
 	s.rank(rank)
+	var wedge func(pluginapi.WedgeOrderRequest, string) (int, pluginapi.WedgeOrderResponse)
+	if !s.opts.PreRound4Plugin {
+		wedge = func(wo pluginapi.WedgeOrderRequest, auth string) (int, pluginapi.WedgeOrderResponse) {
+			return s.WedgeOrder(rank, wo, auth)
+		}
+	}
 	return s.pluginMux(pluginEndpoints{
 		listing: func() any { return s.Listing(rank) },
 		forceFail: func(ctx context.Context, ff pluginapi.ForceFailRequest, auth string) (int, pluginapi.ForceFailResponse) {
@@ -242,8 +245,9 @@ func (s *Sim) PluginHandler(rank int) http.Handler {
 		decideRestart: func(rr pluginapi.RestartRequest, auth string) (int, pluginapi.RestartResponse) {
 			return s.decideRestart(rank, rr, auth)
 		},
-		restart: s.Restart,
-		down:    s.Booting,
+		restart:    s.Restart,
+		down:       s.Booting,
+		wedgeOrder: wedge,
 	})
 }
 
@@ -254,6 +258,9 @@ type pluginEndpoints struct {
 	decideRestart func(pluginapi.RestartRequest, string) (int, pluginapi.RestartResponse)
 	restart       func()
 	down          func() bool
+	// wedgeOrder serves POST /admin/wedge_order; nil: the path does not
+	// exist (decode, older plugins).
+	wedgeOrder func(pluginapi.WedgeOrderRequest, string) (int, pluginapi.WedgeOrderResponse)
 }
 
 func (s *Sim) pluginMux(e pluginEndpoints) http.Handler {
@@ -271,9 +278,8 @@ func (s *Sim) pluginMux(e pluginEndpoints) http.Handler {
 		writeJSON(w, http.StatusOK, e.listing())
 	})
 	mux.HandleFunc(pluginapi.PathForceFail, func(w http.ResponseWriter, req *http.Request) {
-		if req.Method != http.MethodPost {
-			w.Header().Set("Allow", "POST")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		body, msg, ok := postBody(w, req)
+		if !ok {
 			return
 		}
 		auth := req.Header.Get("Authorization")
@@ -282,18 +288,10 @@ func (s *Sim) pluginMux(e pluginEndpoints) http.Handler {
 			writeJSON(w, st, resp)
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(req.Body, MaxBodyBytes+1))
-		if err != nil {
-			st, resp := badRequest("cannot read the body: " + err.Error())
-			writeJSON(w, st, resp)
-			return
+		var ff pluginapi.ForceFailRequest
+		if msg == "" {
+			ff, msg = ParseForceFail(body)
 		}
-		if len(body) > MaxBodyBytes {
-			st, resp := badRequest("the body is larger than 64 KiB")
-			writeJSON(w, st, resp)
-			return
-		}
-		ff, msg := ParseForceFail(body)
 		if msg != "" {
 			st, resp := badRequest(msg)
 			writeJSON(w, st, resp)
@@ -302,21 +300,37 @@ func (s *Sim) pluginMux(e pluginEndpoints) http.Handler {
 		st, resp := e.forceFail(req.Context(), ff, auth)
 		writeJSON(w, st, resp)
 	})
+	if e.wedgeOrder != nil {
+		mux.HandleFunc(pluginapi.PathWedgeOrder, func(w http.ResponseWriter, req *http.Request) {
+			body, msg, ok := postBody(w, req)
+			if !ok {
+				return
+			}
+			auth := req.Header.Get("Authorization")
+			if !s.authorized(auth) {
+				st, resp := wedgeAnswer(401, pluginapi.ResultUnauthorized, "a valid Authorization: Bearer token is required for /admin/*")
+				writeJSON(w, st, resp)
+				return
+			}
+			var wo pluginapi.WedgeOrderRequest
+			if msg == "" {
+				wo, msg = ParseWedgeOrder(body)
+			}
+			if msg != "" {
+				writeJSON(w, 400, pluginapi.WedgeOrderResponse{Result: pluginapi.ResultBadRequest, Failed: []pluginapi.FailedRoom{}, Error: msg})
+				return
+			}
+			st, resp := e.wedgeOrder(wo, auth)
+			writeJSON(w, st, resp)
+		})
+	}
 	mux.HandleFunc(pluginapi.PathRestart, func(w http.ResponseWriter, req *http.Request) {
-		if req.Method != http.MethodPost {
-			w.Header().Set("Allow", "POST")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		body, msg, ok := postBody(w, req)
+		if !ok {
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(req.Body, MaxBodyBytes+1))
 		var rr pluginapi.RestartRequest
-		msg := ""
-		switch {
-		case err != nil:
-			msg = "cannot read the body: " + err.Error()
-		case len(body) > MaxBodyBytes:
-			msg = "the body is larger than 64 KiB"
-		default:
+		if msg == "" {
 			rr, msg = ParseRestart(body)
 		}
 		st, resp := e.decideRestart(rr, req.Header.Get("Authorization"))
@@ -332,6 +346,25 @@ func (s *Sim) pluginMux(e pluginEndpoints) http.Handler {
 		}
 	})
 	return refuseWhile(e.down, mux)
+}
+
+// postBody refuses any method but POST (ok false: answered) and reads an
+// admin body of at most MaxBodyBytes; msg says why a body that could not
+// be read is a bad request.
+func postBody(w http.ResponseWriter, req *http.Request) (body []byte, msg string, ok bool) {
+	if req.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return nil, "", false
+	}
+	body, err := io.ReadAll(io.LimitReader(req.Body, MaxBodyBytes+1))
+	switch {
+	case err != nil:
+		return nil, "cannot read the body: " + err.Error(), true
+	case len(body) > MaxBodyBytes:
+		return nil, "the body is larger than 64 KiB", true
+	}
+	return body, "", true
 }
 
 // ParseForceFail decodes a force-fail body under the rules of clarification
@@ -366,24 +399,32 @@ func ParseForceFail(body []byte) (pluginapi.ForceFailRequest, string) {
 		}
 		req.BootstrapRoom = &room
 	}
-	if raw, ok := obj["dry_run"]; ok {
-		b, isBool := raw.(bool)
-		if !isBool {
-			return req, "dry_run must be a boolean"
-		}
-		req.DryRun = b
+	if msg := boolField(obj, "dry_run", &req.DryRun); msg != "" {
+		return req, msg
 	}
-	if raw, ok := obj["prefill_stopped"]; ok {
-		b, isBool := raw.(bool)
-		if !isBool {
-			return req, "prefill_stopped must be a boolean"
-		}
-		req.PrefillStopped = b
+	if msg := boolField(obj, "prefill_stopped", &req.PrefillStopped); msg != "" {
+		return req, msg
 	}
 	if reason, ok := obj["reason"].(string); ok {
 		req.Reason = reason
 	}
 	return req, ""
+}
+
+// boolField reads the optional boolean field name of obj into dst; it
+// returns a message naming the field when it is not a boolean (null
+// included).
+func boolField(obj map[string]any, name string, dst *bool) string {
+	raw, ok := obj[name]
+	if !ok {
+		return ""
+	}
+	b, isBool := raw.(bool)
+	if !isBool {
+		return name + " must be a boolean"
+	}
+	*dst = b
+	return ""
 }
 
 // jsonObject decodes a body that must be exactly one JSON object, numbers

@@ -124,10 +124,16 @@ type sender struct {
 	outstanding int
 	// released: this stage's inflight queue let the request go; a chunk
 	// still outstanding then settles at orphanUntil (zero: never, a stuck
-	// handle).
+	// handle), when the worker's time reaches settleWork.
 	released    bool
 	orphanUntil time.Time
-	lastPoll    kvPoll
+	settleWork  time.Duration
+	orphaned    bool // released with a chunk in flight that will settle
+	// taken counts the room's chunks its worker took off the queue
+	// (skipped ones included); the last one taken is in the worker's hands
+	// while the room heads the queue.
+	taken    int64
+	lastPoll kvPoll
 
 	aborted      bool // abort(): record_failure, conclude_state = Failed
 	statusFailed bool // update_status(room, Failed) took
@@ -153,6 +159,9 @@ type record struct {
 	dend        uint8 // index into decodeEnds
 	unsafe      uint8 // index into decodeEnds
 	progressing bool
+	// wedgeOrdered: a wedge order set the lever.
+	wedgeOrdered bool
+	queue        int8 // transfer queue; -1: none
 }
 
 func kindIndex(k Kind) uint8 {
@@ -191,6 +200,8 @@ func (rc *record) export() Record {
 		Outcome:               outcomes[rc.outcome],
 		ForcedAt:              unixTime(rc.forced),
 		ProgressingWhenForced: rc.progressing,
+		WedgeOrdered:          rc.wedgeOrdered,
+		TransferQueue:         int(rc.queue),
 		DecodeReleased:        unixTime(rc.decode),
 		DecodeRank:            int(rc.drank),
 		DecodeAdmitted:        unixTime(rc.dAdmit),
@@ -245,19 +256,6 @@ type orphan struct {
 	until time.Time // when the chunk settles; zero = never (a stuck handle)
 }
 
-// worker is one transfer worker thread and its queue (SGLang v0.5.18:
-// disaggregation/nixl/conn.py transfer_worker, mooncake/conn.py
-// transfer_worker): it serves the rooms in the order their chunks were
-// queued, one at a time, and waits for a chunk's handles before it takes
-// the next.
-type worker struct {
-	fifo  []*sender // fifo[0] is the room being served
-	clock time.Time // the worker's time has been played up to here
-	// busyUntil: a room released with a chunk in flight holds the worker
-	// until that chunk settles.
-	busyUntil time.Time
-}
-
 // rank is one (dp, pp) prefill scheduler process, led by attention-TP rank 0.
 type rank struct {
 	mu *sync.Mutex // the group's
@@ -278,6 +276,11 @@ type rank struct {
 	wedge      [TransferQueues]*sender // the stuck handle each worker waits on
 	workers    [TransferQueues]worker
 	orphans    []orphan
+	// speed is each queue's link speed, a factor of the planned one; a
+	// property of the network, so a restart keeps it (SetLinkSpeed).
+	speed [TransferQueues]float64
+	// orders are the standing wedge orders by queue (round 4).
+	orders [TransferQueues]*wedgeOrder
 
 	m rankMetrics
 }
@@ -355,6 +358,7 @@ func (r *rank) reset(gen int) {
 	r.lastIter = time.Time{}
 	r.wedge = [TransferQueues]*sender{}
 	r.workers = [TransferQueues]worker{}
+	r.orders = [TransferQueues]*wedgeOrder{}
 	r.orphans = nil
 	r.pid = basePID + r.idx + 1000*gen
 	r.m = rankMetrics{}
@@ -473,7 +477,7 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 	}
 	q.rec = len(g.records)
 	g.records = append(g.records, record{rid: q.rid, room: q.room, rank: int32(rank), drank: -1,
-		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeQueued)})
+		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeQueued), queue: int8(q.queue)})
 	// Stages before the scheduler (tokenizer side), observed on arrival.
 	m := &g.stages[0].m
 	ms := func(lo, hi float64) float64 { return (lo + (hi-lo)*g.rng.Float64()) / 1000 }
@@ -520,7 +524,7 @@ func (g *group) refuse(spec RequestSpec, at time.Time, rank int) (rid string, ro
 		rid = g.randomRID()
 	}
 	g.records = append(g.records, record{rid: rid, room: room, rank: int32(rank), drank: -1,
-		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeRefusedBooting), left: at.UnixNano()})
+		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeRefusedBooting), left: at.UnixNano(), queue: -1})
 	return rid, room
 }
 
@@ -566,9 +570,15 @@ func (g *group) plan(s *Sim, q *request, spec RequestSpec) {
 			ce = (d - q.pickup) / time.Duration(n)
 		}
 	}
+	if spec.Chunks > 0 && !endless {
+		ce = time.Duration(ceilDiv(d-q.pickup, time.Duration(spec.Chunks)))
+	}
 	q.chunkEvery = max(ce, time.Nanosecond)
 	if !endless {
 		q.nChunks = max(ceilDiv(d-q.pickup, q.chunkEvery), 1)
+		if spec.Chunks > 0 {
+			q.nChunks = int64(spec.Chunks)
+		}
 	}
 	switch q.behavior {
 	case BehaviorPinResurrection, BehaviorPinStuckHandle:
@@ -616,6 +626,7 @@ func (r *rank) pass(s *Sim, now time.Time) (crashed bool) {
 		r.iterations++
 		r.lastIter = now
 		r.takeOrders(s, now)
+		r.applyWedgeOrders(s, now)
 		if r.pollInflight(s, now) {
 			return true
 		}
@@ -915,11 +926,13 @@ func (r *rank) enqueue(sd *sender, at time.Time) {
 	if q.fake || (sd.pinned && q.behavior == BehaviorPinAbortBeforeRegister) {
 		return // the fake sender has no queue; an unregistered room sends nothing
 	}
+	// The worker's time up to the hand-over belongs to the rooms queued
+	// before it (released ones included, which the worker skips): played
+	// first, so that the room gets none of it.
+	r.runWorker(q.queue, at)
 	w := &r.workers[q.queue]
-	if len(w.fifo) == 0 && w.clock.Before(at) {
-		w.clock = at
-	}
 	w.fifo = append(w.fifo, sd)
+	r.markBehind(q.queue)
 }
 
 // doneAt is the worker time at which the worker is done with sd: its last
@@ -928,6 +941,11 @@ func (r *rank) enqueue(sd *sender, at time.Time) {
 // transfer).
 func (sd *sender) doneAt() time.Duration {
 	q := sd.q
+	if sd.released {
+		// The worker finishes the chunk in flight, if any, then skips the
+		// rest (the room is Failed, or done).
+		return sd.settleWork
+	}
 	if sd.statusFailed {
 		// The worker skips the chunks of a Failed room (SGLang v0.5.18:
 		// disaggregation/nixl/conn.py transfer_worker): it finishes the chunk
@@ -947,90 +965,6 @@ func (sd *sender) doneAt() time.Duration {
 		return -1
 	}
 	return q.pickup + time.Duration(q.nChunks)*q.chunkEvery
-}
-
-// runWorker plays queue qi's worker up to now: the room at the head gets
-// the worker's time until it is done, then the next; the rooms behind wait
-// in WaitingForInput with nothing sent. A slow chunk holds every room
-// behind it; a stuck handle holds them until the process restarts.
-func (r *rank) runWorker(qi int, now time.Time) {
-	if qi < 0 {
-		return
-	}
-	w := &r.workers[qi]
-	for w.clock.Before(now) {
-		if wd := r.wedge[qi]; wd != nil {
-			for _, sd := range w.fifo {
-				if sd != wd && !sd.blocked {
-					sd.blocked = true
-					r.g.markBlocked(sd.q)
-				}
-			}
-			w.clock = now
-			return
-		}
-		if w.clock.Before(w.busyUntil) {
-			w.clock = minTime(now, w.busyUntil)
-			continue
-		}
-		if len(w.fifo) == 0 {
-			w.clock = now
-			return
-		}
-		sd := w.fifo[0]
-		sd.started = true
-		end := sd.doneAt()
-		avail := now.Sub(w.clock)
-		if end < 0 || sd.work+avail < end {
-			sd.work += avail
-			w.clock = now
-			return
-		}
-		w.clock = w.clock.Add(end - sd.work)
-		sd.work = end
-		if sd.pinned && sd.q.behavior == BehaviorPinStuckHandle && !sd.statusFailed {
-			// A handle that stays PROC: the worker waits on it with no
-			// deadline, whatever happens to the room (SGLang v0.5.18:
-			// disaggregation/nixl/conn.py).
-			sd.progress = max(sd.progress, sd.q.freezeAt)
-			sd.frozen = true
-			sd.outstanding = 1
-			sd.wedging = true
-			r.wedge[qi] = sd
-			continue
-		}
-		w.pop()
-	}
-}
-
-func (w *worker) pop() {
-	n := copy(w.fifo, w.fifo[1:])
-	w.fifo[n] = nil
-	w.fifo = w.fifo[:n]
-}
-
-// drop takes sd off its worker's queue when its stage releases the request;
-// a chunk of it in flight holds the worker until `until`.
-func (w *worker) drop(sd *sender, until time.Time) {
-	for i, x := range w.fifo {
-		if x != sd {
-			continue
-		}
-		if i == 0 && until.After(w.busyUntil) {
-			w.busyUntil = until
-		}
-		n := copy(w.fifo[i:], w.fifo[i+1:])
-		w.fifo[i+n] = nil
-		w.fifo = w.fifo[:i+n]
-		return
-	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 // listedProgress is what the plugin lists as a non-fake sender's progress:
@@ -1066,20 +1000,27 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		delete(r.byRID, q.rid)
 	}
 	r.inflightTk -= q.prompt
+	sd.settleWork = sd.work
 	if sd.outstanding > 0 && !q.fake {
 		// The Failed branch frees the request, not the transfer: the worker
 		// still holds the chunk (SGLang v0.5.18: disaggregation/nixl/conn.py,
 		// managers/scheduler.py, disaggregation/common/conn.py).
 		o := orphan{room: q.room, queue: q.queue}
 		if !sd.wedging && !sd.frozen {
-			o.until = now.Add(q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery)
+			rest := q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery
+			sd.settleWork = sd.work + rest
+			sd.orphaned = true
+			// At the link's present speed; the worker corrects it when the
+			// chunk settles (settleOrphan).
+			if d := realTime(rest, r.speed[q.queue]); d >= 0 {
+				o.until = now.Add(d)
+			}
 		}
 		r.orphans = append(r.orphans, o)
 		sd.orphanUntil = o.until
 	}
-	if !q.fake {
-		r.workers[q.queue].drop(sd, sd.orphanUntil)
-	}
+	// The room's chunks stay on its queue: the worker finishes the one in
+	// its hands and skips the others when it reaches them (runWorker).
 	sd.released = true
 	ok := sd.lastPoll == pollSuccess
 	m := &r.m
@@ -1342,6 +1283,10 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	// transfer_in_flight below is read from that count exactly where it
 	// exists, so the listing can say a false proves no chunk in flight.
 	srv.TransferTracking = &queues
+	round4 := s.roundFour()
+	if !s.opts.PreRound4Plugin {
+		srv.TransferProgress = &round4
+	}
 	l := pluginapi.Listing{
 		APIVersion:        pluginapi.APIVersion,
 		Server:            srv,
@@ -1350,6 +1295,14 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		Queues:            pluginapi.Queues{Bootstrap: len(r.g.bootstrapQ), Waiting: len(r.g.waitingQ), Inflight: len(r.inflight)},
 		Inflight:          make([]pluginapi.Room, len(r.inflight)),
 		OrphanedTransfers: []pluginapi.OrphanedTransfer{},
+	}
+	if round4 {
+		// Played up to now first, so that the rooms' chunks_queued below
+		// agree with the workers.
+		l.TransferWorkers = r.transferWorkers(now)
+	}
+	if !s.opts.PreRound4Plugin {
+		l.WedgeOrders = r.wedgeOrderStates(now)
 	}
 	for i, q := range r.inflight {
 		sd := q.senders[r.pp]
@@ -1370,6 +1323,9 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		rm.TransferInFlight = &inFlight
 		if queues && !q.fake {
 			rm.TransferQueue = intPtr(q.queue)
+		}
+		if round4 && !q.fake {
+			rm.ChunksQueued = intPtr(sd.chunksQueued())
 		}
 		l.Inflight[i] = rm
 	}

@@ -190,6 +190,10 @@ type Options struct {
 	OrderTimeout time.Duration
 	// Scenario, when set, is applied by New (see SetScenario).
 	Scenario string
+	// PreRound4Plugin serves the plugin API as it was before round 4: no
+	// server.transfer_progress, transfer_workers, wedge_orders nor
+	// chunks_queued, and no /admin/wedge_order (404).
+	PreRound4Plugin bool
 }
 
 // Behavior is how a submitted request's transfer goes.
@@ -254,6 +258,11 @@ type RequestSpec struct {
 	Transfer time.Duration
 	// ChunkEvery is the time between chunks; 0 = derived.
 	ChunkEvery time.Duration
+	// Chunks is how many chunks the transfer worker sends for a finite
+	// transfer, the prompt's pages split evenly over them (1: one huge
+	// chunk); 0 = derived (ChunkEvery, else 1,024 tokens a chunk and at
+	// least one every SlowChunkEvery). It overrides ChunkEvery.
+	Chunks int
 	// FreezeAt is the number of chunks sent before a resurrection or
 	// stuck-handle pin takes hold; 0 = default (3 and 1); -1 = before the
 	// first chunk.
@@ -332,6 +341,12 @@ type Record struct {
 	Left            time.Time // zero while still in the server
 	Outcome         Outcome
 	ForcedAt        time.Time // when a force-fail set the lever; zero if never
+	// WedgeOrdered is true when a standing wedge order (round 4) set its
+	// lever (ForcedAt).
+	WedgeOrdered bool
+	// TransferQueue is the transfer queue the room was bound for; -1 for
+	// the fake sender and refused requests.
+	TransferQueue int
 	// ProgressingWhenForced is true if a force-fail hit a request that was
 	// making progress: kinds healthy, slow, health_check, failing, or
 	// blocked_by_wedge once it sent a chunk after its wedge cleared.
@@ -387,10 +402,14 @@ type Sim struct {
 	hazMu       sync.Mutex
 	corruptions []Corruption // guarded by hazMu
 
-	cfgMu     sync.RWMutex
-	model     string    // guarded by cfgMu
-	gen       int       // restart generation, guarded by cfgMu
-	quiet     bool      // no arrivals and no health checks (parity scene), guarded by cfgMu
+	cfgMu sync.RWMutex
+	model string // guarded by cfgMu
+	gen   int    // restart generation, guarded by cfgMu
+	quiet bool   // no arrivals and no health checks (parity scene), guarded by cfgMu
+	// unwatched: the plugin cannot watch the transfer workers (the parity
+	// scene: the Python stand-in's managers have no FastQueue), guarded by
+	// cfgMu.
+	unwatched bool
 	downUntil time.Time // the server boots until then, guarded by cfgMu
 	// restartTimes[g] is when prefill generation g ended; replaced whole
 	// under cfgMu on each restart.
@@ -509,6 +528,9 @@ func New(o Options) (*Sim, error) {
 		}
 		for pp := 0; pp < o.PPSize; pp++ {
 			r := &rank{mu: &g.mu, g: g, idx: dp*o.PPSize + pp, dp: dp, pp: pp, byRID: make(map[string]*request)}
+			for qi := range r.speed {
+				r.speed[qi] = 1
+			}
 			g.stages = append(g.stages, r)
 			s.ranks = append(s.ranks, r)
 		}
@@ -812,7 +834,11 @@ func (s *Sim) Records() []Record {
 //     otherwise like the health check, entered 150 s ago.
 //
 // Counters start from 0, and the scene stays without traffic across
-// Restart. It must be called before Start.
+// Restart. The stand-in's KV managers have no FastQueue transfer queues
+// for the plugin to watch, so the round-4 plugin lists
+// server.transfer_progress false (transfer_workers and chunks_queued null,
+// wedge_orders empty) and answers wedge orders 501, as the Python plugin
+// does on it. It must be called before Start.
 func (s *Sim) SetScenario(name string) error {
 	if name != ScenarioParity {
 		return fmt.Errorf("sglangsim: unknown scenario %q", name)
@@ -828,6 +854,7 @@ func (s *Sim) SetScenario(name string) error {
 	s.cfgMu.Lock()
 	s.model = "standin"
 	s.quiet = true
+	s.unwatched = true
 	gen := s.gen
 	s.cfgMu.Unlock()
 	now := s.clock.Now()
@@ -841,4 +868,34 @@ func (s *Sim) SetScenario(name string) error {
 	defer g.mu.Unlock()
 	g.parity(s, now)
 	return nil
+}
+
+// ClientAbort is the client giving up on a request (SGLang v0.5.18:
+// managers/scheduler.py abort_request): in the inflight queue every PP
+// stage's sender gets abort() (record_failure, update_status(room,
+// Failed), conclude_state = Failed), the next pass releases it as Failed,
+// and the worker skips its chunks not taken yet. It is nobody's
+// force-fail: the record's outcome is OutcomeFailed. It reports whether
+// the rid was in the inflight queue of one of the rank's DP rank stages.
+func (s *Sim) ClientAbort(rank int, rid string) bool {
+	r := s.rank(rank)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := s.clock.Now()
+	found := false
+	for _, st := range r.g.stages {
+		q, ok := st.byRID[rid]
+		if !ok || q.fake {
+			continue
+		}
+		found = true
+		sd := q.senders[st.pp]
+		sd.aborted = true
+		if s.opts.LeverEra != LeversNIXLMid2025 {
+			if _, present := st.status(s, sd, now); present {
+				sd.statusFailed = true
+			}
+		}
+	}
+	return found
 }

@@ -369,6 +369,15 @@ func TestParityScenario(t *testing.T) {
 				l.OrphanedTransfers == nil || len(l.OrphanedTransfers) != 0 {
 				t.Errorf("parity server %+v, orphaned %v", srv, l.OrphanedTransfers)
 			}
+			// The stand-in has no worker queues the plugin can watch.
+			if !reflect.DeepEqual(l.Server.TransferProgress, ptr(false)) || l.TransferWorkers != nil ||
+				l.WedgeOrders == nil || len(l.WedgeOrders) != 0 {
+				t.Errorf("parity round 4: progress %v, workers %v, orders %v", l.Server.TransferProgress, l.TransferWorkers, l.WedgeOrders)
+			}
+			if st, resp := s.WedgeOrder(0, pluginapi.WedgeOrderRequest{TransferQueue: 1, Chunk: 1, TTLSeconds: 5}, ""); st != 501 ||
+				resp.Result != pluginapi.ResultUnsupported {
+				t.Errorf("parity wedge order: %d %+v", st, resp)
+			}
 			run(s, c, time.Second, 100*time.Millisecond)
 			l = s.Listing(0)
 			if len(l.Inflight) != 4 || l.Inflight[0].Progress != 3 || l.Inflight[1].Progress != 60 || l.Queues.Bootstrap != 0 {

@@ -1,6 +1,6 @@
 // Package simplugin adapts an in-process, Step-driven sglangsim.Sim to the
 // watchdog's PluginSource and Restarter interfaces (Target, Inflight,
-// ForceFail, Restart), and its decode ranks to PluginSource, without
+// ForceFail, Restart, and round 4's PostWedgeOrder), and its decode ranks to PluginSource, without
 // HTTP, for benchmarks and the detection-quality replay. It depends only on
 // sglangsim and pluginapi, so that the watchdog's own package-internal
 // benchmarks can use it.
@@ -111,6 +111,18 @@ func (s *Source) ForceFail(ctx context.Context, order pluginapi.ForceFailRequest
 		return 0, nil, ErrBooting
 	}
 	st, resp := s.Sim.ForceFail(ctx, s.Rank, order, authorization(s.Sim))
+	return st, &resp, nil
+}
+
+// PostWedgeOrder posts a standing wedge order through the simulator (POST
+// /admin/wedge_order, round 4), with the signature of
+// pluginapi.Client.PostWedgeOrder. The simulator takes it at once, as
+// between two scheduler passes.
+func (s *Source) PostWedgeOrder(ctx context.Context, order pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error) {
+	if s.Sim.Booting() {
+		return 0, nil, ErrBooting
+	}
+	st, resp := s.Sim.WedgeOrder(s.Rank, order, authorization(s.Sim))
 	return st, &resp, nil
 }
 

@@ -1,0 +1,288 @@
+package sglangsim
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// recentChunks is how many finished chunks a worker's listing keeps
+// (round 4 transfer_workers recent).
+const recentChunks = 32
+
+// worker is one transfer worker thread and its queue (SGLang v0.5.18:
+// disaggregation/nixl/conn.py transfer_worker, mooncake/conn.py
+// transfer_worker): it takes one chunk at a time off its queue, posts it
+// and waits for its handles before it takes the next. The rooms' chunks
+// are queued whole as each room enters the inflight queue, so the queue
+// holds the rooms in that order; fifo[0] is the room whose chunk the
+// worker holds.
+type worker struct {
+	fifo  []*sender
+	clock time.Time // the worker's time has been played up to here
+
+	taken   int64 // chunks_taken: chunks taken since the process started
+	holding bool  // a chunk of fifo[0] is in the worker's hands
+	pages   int   // the held chunk's pages
+	last    bool  // the held chunk is its room's last
+	since   time.Time
+
+	// recent is a ring of the last finished chunks that carried pages:
+	// [pages, seconds held].
+	recent  [recentChunks][2]float64
+	nRecent int
+	head    int // where the next one goes
+}
+
+// take puts sd's next chunk in the worker's hands at `at`.
+func (w *worker) take(sd *sender, at time.Time) {
+	q := sd.q
+	w.taken++
+	w.holding = true
+	w.pages = q.chunkPages(sd.taken)
+	sd.taken++
+	w.last = q.nChunks >= 0 && sd.taken == q.nChunks
+	w.since = at
+}
+
+// finish lets go of the held chunk at `at`, whatever became of it (sent,
+// failed, skipped): the worker asks its queue for the next one.
+func (w *worker) finish(at time.Time) {
+	if !w.holding {
+		return
+	}
+	w.holding = false
+	if w.pages <= 0 {
+		return // recent lists only chunks that carried pages
+	}
+	w.recent[w.head] = [2]float64{float64(w.pages), at.Sub(w.since).Seconds()}
+	w.head = (w.head + 1) % recentChunks
+	w.nRecent = min(w.nRecent+1, recentChunks)
+}
+
+// skipRest takes and drops every chunk of sd not taken yet, at once: the
+// worker skips the chunks of a Failed room (SGLang v0.5.18:
+// disaggregation/nixl/conn.py transfer_worker: check_status(room) ==
+// Failed, continue), and a room released as Failed is one.
+func (w *worker) skipRest(sd *sender, at time.Time) {
+	for sd.taken < sd.q.nChunks {
+		w.take(sd, at)
+		w.finish(at)
+	}
+}
+
+func (w *worker) pop() {
+	n := copy(w.fifo, w.fifo[1:])
+	w.fifo[n] = nil
+	w.fifo = w.fifo[:n]
+}
+
+// chunkPages is the KV pages of the room's chunk i (page size 1: tokens):
+// the prompt split evenly over its chunks; an endless transfer sends
+// chunkTokens-page chunks.
+func (q *request) chunkPages(i int64) int {
+	if q.nChunks <= 0 {
+		return min(q.prompt, chunkTokens)
+	}
+	n, p := q.nChunks, int64(q.prompt)
+	return int(p*(i+1)/n - p*i/n)
+}
+
+// chunksQueued is how many of sd's chunks wait in its queue, not taken.
+// An endless transfer lists none, an unregistered room (never queued) too.
+func (sd *sender) chunksQueued() int {
+	if sd.q.nChunks < 0 || (sd.pinned && sd.q.behavior == BehaviorPinAbortBeforeRegister) {
+		return 0
+	}
+	return int(sd.q.nChunks - sd.taken)
+}
+
+// realTime is how long the worker takes for `work` of planned transfer
+// time over a link at speed (a factor of the planned speed); -1: never.
+func realTime(work time.Duration, speed float64) time.Duration {
+	switch {
+	case speed == 1:
+		return work
+	case speed <= 0:
+		return -1
+	}
+	d := math.Ceil(float64(work) / speed)
+	if d >= math.MaxInt64 {
+		return -1 // longer than time.Duration holds: never, as far as anyone can tell
+	}
+	return time.Duration(d)
+}
+
+// workTime is the planned transfer time done in `real` at speed.
+func workTime(real time.Duration, speed float64) time.Duration {
+	if speed == 1 {
+		return real
+	}
+	return time.Duration(float64(real) * max(speed, 0))
+}
+
+// runWorker plays queue qi's worker up to now, chunk by chunk: the room at
+// the head gets the worker's time until it is done, then the next; the
+// rooms behind wait in WaitingForInput with nothing sent. A room's chunk i
+// ends at pickup + (i+1) x chunkEvery of its planned transfer time (its
+// first chunk includes the pickup), played at the queue's link speed. A
+// slow chunk holds every room behind it; a stuck handle holds them until
+// the process restarts.
+func (r *rank) runWorker(qi int, now time.Time) {
+	if qi < 0 {
+		return
+	}
+	w := &r.workers[qi]
+	speed := r.speed[qi]
+	for w.clock.Before(now) {
+		if r.wedge[qi] != nil {
+			r.markBehind(qi)
+			w.clock = now
+			return
+		}
+		if len(w.fifo) == 0 {
+			w.clock = now
+			return
+		}
+		sd := w.fifo[0]
+		q := sd.q
+		if !sd.started {
+			sd.started = true
+			w.take(sd, w.clock)
+		}
+		end := sd.doneAt()
+		target := q.pickup + time.Duration(sd.taken)*q.chunkEvery // the held chunk's end
+		if end >= 0 && end < target {
+			target = end
+		}
+		if target > sd.work {
+			need := realTime(target-sd.work, speed)
+			if avail := now.Sub(w.clock); need < 0 || need > avail {
+				sd.work += workTime(avail, speed)
+				w.clock = now
+				return
+			}
+			w.clock = w.clock.Add(need)
+			sd.work = target
+		}
+		if end < 0 || target < end {
+			// The held chunk settled; the room's next one.
+			w.finish(w.clock)
+			w.take(sd, w.clock)
+			continue
+		}
+		if sd.pinned && q.behavior == BehaviorPinStuckHandle && !sd.statusFailed {
+			// A handle that stays PROC: the worker takes chunk freezeAt and
+			// waits on it with no deadline, whatever happens to the room
+			// (SGLang v0.5.18: disaggregation/nixl/conn.py).
+			if sd.taken <= q.freezeAt {
+				w.finish(w.clock)
+				w.take(sd, w.clock)
+			}
+			sd.progress = max(sd.progress, q.freezeAt)
+			sd.frozen = true
+			sd.outstanding = 1
+			sd.wedging = true
+			r.wedge[qi] = sd
+			continue
+		}
+		w.finish(w.clock)
+		r.settleOrphan(sd, w.clock)
+		w.skipRest(sd, w.clock)
+		w.pop()
+	}
+}
+
+// markBehind marks every room waiting behind queue qi's stuck handle
+// blocked: it will never be served. Callers hold r.mu.
+func (r *rank) markBehind(qi int) {
+	wd := r.wedge[qi]
+	if wd == nil {
+		return
+	}
+	for _, sd := range r.workers[qi].fifo {
+		if sd != wd && !sd.blocked && !sd.released {
+			sd.blocked = true
+			r.g.markBlocked(sd.q)
+		}
+	}
+}
+
+// settleOrphan marks the chunk a released room left in flight settled at
+// `at`: the release guessed when, at the link speed of the time.
+func (r *rank) settleOrphan(sd *sender, at time.Time) {
+	if !sd.orphaned {
+		return
+	}
+	sd.orphaned = false
+	for i := range r.orphans {
+		if o := &r.orphans[i]; o.room == sd.q.room && o.queue == sd.q.queue {
+			o.until = at
+		}
+	}
+	sd.orphanUntil = at
+}
+
+// transferWorkers lists every worker of this rank at now (round 4).
+// Callers hold r.mu.
+func (r *rank) transferWorkers(now time.Time) []pluginapi.TransferWorker {
+	out := make([]pluginapi.TransferWorker, TransferQueues)
+	for qi := range r.workers {
+		r.runWorker(qi, now)
+		w := &r.workers[qi]
+		tw := pluginapi.TransferWorker{TransferQueue: qi, Tracked: true, ChunksTaken: w.taken,
+			Recent: make([][2]float64, 0, w.nRecent)}
+		for _, sd := range w.fifo {
+			tw.Depth += sd.chunksQueued()
+		}
+		if w.holding {
+			tw.InFlight = &pluginapi.ChunkInFlight{Chunk: w.taken, BootstrapRoom: w.fifo[0].q.room,
+				Pages: w.pages, LastChunk: w.last, Seconds: now.Sub(w.since).Seconds()}
+		}
+		for i := range w.nRecent {
+			tw.Recent = append(tw.Recent, w.recent[(w.head-w.nRecent+i+recentChunks)%recentChunks])
+		}
+		out[qi] = tw
+	}
+	return out
+}
+
+// holds tells whether queue qi's worker holds chunk number chunk at now.
+// Callers hold r.mu.
+func (r *rank) holds(qi int, chunk int64, now time.Time) bool {
+	r.runWorker(qi, now)
+	w := &r.workers[qi]
+	return w.holding && w.taken == chunk
+}
+
+// SetLinkSpeed sets the speed of the link behind transfer queue `queue` of
+// rank `rank` to `speed` times the planned one, from the clock's present
+// time on: 0.01 makes each chunk take 100 times as long, 0 stops it until
+// the speed changes again. A rank or queue of -1 means all of them. The
+// speed survives restarts (it is the network's).
+func (s *Sim) SetLinkSpeed(rank, queue int, speed float64) error {
+	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed < 0 {
+		return errors.New("sglangsim: a link speed is a finite number >= 0")
+	}
+	if queue < -1 || queue >= TransferQueues {
+		return errors.New("sglangsim: no such transfer queue")
+	}
+	now := s.clock.Now()
+	for _, r := range s.ranks {
+		if rank != -1 && r.idx != rank {
+			continue
+		}
+		r.mu.Lock()
+		for qi := range r.speed {
+			if queue == -1 || queue == qi {
+				// The worker's time so far went at the old speed.
+				r.runWorker(qi, now)
+				r.speed[qi] = speed
+			}
+		}
+		r.mu.Unlock()
+	}
+	return nil
+}
