@@ -96,6 +96,9 @@ type analysis struct {
 	slowInflight    []time.Duration
 	excess          []time.Duration // pin release after the earliest moment the windows allow it
 	restartLost     int             // requests of every kind lost in restarts
+	// wedgeOrdered: requests a standing wedge order (round 4) failed;
+	// wedgeOrderedFalse: of those, the ones that would have completed.
+	wedgeOrdered, wedgeOrderedFalse int
 	// wedges: stuck-handle pins that held a transfer in flight and froze
 	// (each wedged its queue), and the time from the freeze to the
 	// watchdog's diagnosis.
@@ -143,6 +146,12 @@ func analyse(r *replayResult) *analysis {
 			count(a.unsafeByKind, rec.Kind, rec.UnsafeFree)
 		}
 		forced := !rec.ForcedAt.IsZero()
+		if rec.WedgeOrdered {
+			a.wedgeOrdered++
+			if rec.Kind == sglangsim.KindHealthy || rec.Kind == sglangsim.KindSlow {
+				a.wedgeOrderedFalse++
+			}
+		}
 		if rec.Outcome == sglangsim.OutcomeRestarted {
 			a.restartLost++
 		}

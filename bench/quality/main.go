@@ -56,14 +56,23 @@
 // at a 15 s step, `for:` applied as Prometheus does. -sweep adds
 // --watchdog.deadline {10,20,30,60}s x --watchdog.stall-window {5,10,30}s
 // on the defaults configuration. Everything printed is reproducible from
-// -seed; only the Prometheus time shift depends on the wall clock.
+// -seed; only the Prometheus time shift depends on the wall clock. Every
+// replay reads the round-4 listing (transfer workers, chunks queued) and
+// counts the rooms standing wedge orders failed.
+//
+// -family slowlink replays issue 17's false-positive matrix instead (see
+// slowlink.go), one trace per class on the fake clock:
+//
+//	go run ./bench/quality -family slowlink -seed 1
 package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
@@ -102,6 +111,8 @@ type options struct {
 	mechanisms   string
 	memprofile   string
 	cpuprofile   string
+	family       string
+	classes      string
 }
 
 func main() {
@@ -133,7 +144,25 @@ func main() {
 	flag.DurationVar(&o.hcEvery, "health-checks", 10*time.Second, "SGLang health checks every (round robin over the ranks); 0: none")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the harness")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the harness at the end")
+	flag.StringVar(&o.family, "family", "default", "trace family: default (the trace above), or slowlink (issue 17's slow-link and wedge matrix, one trace per class; its own defaults: -duration 30m, -healthy 12500, -configs defaults,restart-5m)")
+	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, hung-handle, silent-pin)")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.family == "slowlink" {
+		if !set["duration"] {
+			o.duration = 30 * time.Minute
+		}
+		if !set["healthy"] {
+			o.healthy = 12500 // the default trace's 25,000 an hour
+		}
+		if !set["configs"] {
+			o.configs = "defaults,restart-5m"
+		}
+	} else if o.family != "default" {
+		fmt.Fprintf(os.Stderr, "-family: unknown family %q (want default or slowlink)\n", o.family)
+		os.Exit(2)
+	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
 		if err == nil {
@@ -141,7 +170,12 @@ func main() {
 			defer pprof.StopCPUProfile()
 		}
 	}
-	code := run(o)
+	var code int
+	if o.family == "slowlink" {
+		code = runSlowlink(o, strings.Split(o.configs, ","))
+	} else {
+		code = run(o)
+	}
 	if o.memprofile != "" {
 		if f, err := os.Create(o.memprofile); err == nil {
 			_ = pprof.WriteHeapProfile(f)

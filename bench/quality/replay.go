@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -228,7 +229,13 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	}
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(uint64(o.seed), 0xb007))
-	next := 0
+	next, nextLink := 0, 0
+	type abort struct {
+		at   time.Duration
+		rank int
+		rid  string
+	}
+	var aborts []abort // pending client aborts, by time
 	step := rc.step
 	cycleEvery := int(time.Second / step)
 	scrapeEvery := int(15 * time.Second / step)
@@ -263,11 +270,25 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	for k := 1; k <= steps; k++ {
 		c.Advance(step)
 		el := time.Duration(k) * step
+		for nextLink < len(t.links) && t.links[nextLink].at <= el {
+			lc := t.links[nextLink]
+			nextLink++
+			if err := sim.SetLinkSpeed(-1, lc.queue, lc.speed); err != nil {
+				return nil, err
+			}
+		}
+		for len(aborts) > 0 && aborts[0].at <= el {
+			sim.ClientAbort(aborts[0].rank, aborts[0].rid)
+			aborts = aborts[1:]
+		}
 		for next < len(t.arrivals) && t.arrivals[next].at <= el {
 			a := t.arrivals[next]
 			next++
 			spec := sglangsim.RequestSpec{Rank: a.rank, Behavior: a.behavior}
-			if a.behavior == sglangsim.BehaviorHealthy || a.behavior == sglangsim.BehaviorSlow {
+			if a.spec != nil {
+				spec = *a.spec
+				spec.Rank, spec.Behavior = a.rank, a.behavior
+			} else if a.behavior == sglangsim.BehaviorHealthy || a.behavior == sglangsim.BehaviorSlow {
 				spec.Bootstrap = 2*time.Millisecond + time.Duration(rng.Float64()*float64(28*time.Millisecond))
 			}
 			rid, _, err := sim.TrySubmit(spec)
@@ -281,6 +302,10 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 				res.pins.mu.Lock()
 				res.pins.pins[rid] = &pinTrack{queue: -1}
 				res.pins.mu.Unlock()
+			}
+			if a.abortAfter > 0 {
+				aborts = append(aborts, abort{a.at + a.abortAfter, a.rank, rid})
+				slices.SortStableFunc(aborts, func(x, y abort) int { return cmp.Compare(x.at, y.at) })
 			}
 		}
 		sim.Step()

@@ -15,6 +15,22 @@ import (
 
 // The report: every configuration replayed, analysed and printed.
 
+// inParallel runs f(0) to f(n-1), at most `parallel` at once, and waits.
+func inParallel(n, parallel int, f func(i int)) {
+	sem := make(chan struct{}, max(parallel, 1))
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			f(i)
+		}()
+	}
+	wg.Wait()
+}
+
 func run(o options) int {
 	t0 := time.Now()
 	for _, m := range strings.Split(o.mechanisms, ",") {
@@ -67,21 +83,12 @@ func run(o options) int {
 	}
 	results := make([]*replayResult, len(jobs))
 	errs := make([]error, len(jobs))
-	sem := make(chan struct{}, max(o.parallel, 1))
-	var wg sync.WaitGroup
-	for i, j := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			results[i], errs[i] = replay(tr, j.cfg)
-			if errs[i] == nil {
-				fmt.Fprintf(os.Stderr, "replay %s done in %s\n", j.name, results[i].wall.Round(100*time.Millisecond))
-			}
-		}()
-	}
-	wg.Wait()
+	inParallel(len(jobs), o.parallel, func(i int) {
+		results[i], errs[i] = replay(tr, jobs[i].cfg)
+		if errs[i] == nil {
+			fmt.Fprintf(os.Stderr, "replay %s done in %s\n", jobs[i].name, results[i].wall.Round(100*time.Millisecond))
+		}
+	})
 	for i, err := range errs {
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", jobs[i].name, err)
@@ -156,6 +163,9 @@ func run(o options) int {
 		return dist(all)
 	})
 	row("false force-fails (healthy, slow, health check, or progressing)", func(r *replayResult, a *analysis) string { return fmt.Sprint(len(a.falseFF)) })
+	row("failed by a wedge order (of which would have completed)", func(r *replayResult, a *analysis) string {
+		return fmt.Sprintf("%d (%d)", a.wedgeOrdered, a.wedgeOrderedFalse)
+	})
 	row("healthy + slow completed / submitted", func(r *replayResult, a *analysis) string {
 		h, s := a.byKind[sglangsim.KindHealthy], a.byKind[sglangsim.KindSlow]
 		b := a.byKind[sglangsim.KindBlockedByWedge]

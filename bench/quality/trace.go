@@ -17,11 +17,25 @@ type arrival struct {
 	at       time.Duration // from the start of the trace
 	rank     int
 	behavior sglangsim.Behavior
+	// spec, when set, is the whole request (the slow-link family); rank
+	// and behavior override its Rank and Behavior.
+	spec *sglangsim.RequestSpec
+	// abortAfter > 0: its client aborts it this long after it arrived.
+	abortAfter time.Duration
+}
+
+// linkChange sets the link speed of one transfer queue (-1: all) of every
+// rank at `at` (sglangsim.SetLinkSpeed).
+type linkChange struct {
+	at    time.Duration
+	queue int
+	speed float64
 }
 
 type trace struct {
 	o        options
-	arrivals []arrival // sorted by at
+	arrivals []arrival    // sorted by at
+	links    []linkChange // sorted by at
 	pins     int
 }
 

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+)
+
+// TestSlowlinkReplay: a seed replays the same matrix row, the slow link
+// really slows its queue, and every stuck room of the hung-handle class is
+// released by the watchdog as linked.
+func TestSlowlinkReplay(t *testing.T) {
+	o := options{seed: 3, ranks: 2, healthy: 400, duration: 14 * time.Minute, median: time.Second, step: 100 * time.Millisecond,
+		deadline: time.Minute, stall: 30 * time.Second, hcEvery: 10 * time.Second, bootTime: sglangsim.DefaultBootTime,
+		stockTimeout: sglangsim.DefaultDecodeWaitingTimeout, decodeRanks: 1}
+	cfg := configs(o)["defaults"]
+	byName := map[string]slClass{}
+	for _, c := range slowlinkClasses() {
+		byName[c.name] = c
+	}
+	once := func(class string, cfg replayConfig) (*replayResult, slStats) {
+		r, err := replay(slowlinkTrace(o, byName[class]), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, slAnalyse(r)
+	}
+	_, a := once("hung-handle", cfg)
+	_, b := once("hung-handle", cfg)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("the same seed replayed differently:\n%+v\n%+v", a, b)
+	}
+	if a.stuck == 0 || a.released != a.stuck || a.hungStuck != 0 {
+		t.Fatalf("stuck rooms: %d, released %d, hung %d", a.stuck, a.released, a.hungStuck)
+	}
+	// The slow link, without a watchdog: the rooms on queue 1 that enter
+	// during the slow window take far longer in the inflight queue than
+	// the others.
+	r, _ := once("link-1pct-one", replayConfig{name: "stock", step: o.step, deadline: o.deadline, stall: o.stall})
+	var q1, other time.Duration
+	var n1, n0 int
+	for _, rec := range r.records {
+		at := rec.EnteredInflight.Sub(epoch)
+		if rec.Outcome != sglangsim.OutcomeSuccess || at < slowWindow[0] || at > slowWindow[1] {
+			continue
+		}
+		if rec.TransferQueue == 1 {
+			q1 += rec.Left.Sub(rec.EnteredInflight)
+			n1++
+		} else {
+			other += rec.Left.Sub(rec.EnteredInflight)
+			n0++
+		}
+	}
+	if n1 == 0 || n0 == 0 || q1/time.Duration(n1) < 20*other/time.Duration(n0) {
+		t.Fatalf("queue 1 at 1%%: %d rooms, mean %v; others %d, mean %v", n1, q1/time.Duration(max(n1, 1)), n0, other/time.Duration(max(n0, 1)))
+	}
+}
+
+// TestSlowlinkAccounting: what counts as false, stuck, released and hung,
+// and the time from a wedge's diagnosis, on made-up records.
+func TestSlowlinkAccounting(t *testing.T) {
+	at := func(s float64) time.Time { return epoch.Add(time.Duration(s * float64(time.Second))) }
+	r := &replayResult{cfg: replayConfig{deadline: time.Minute}, refused: map[sglangsim.Kind]int{sglangsim.KindHealthy: 2},
+		pins:   &pinTracker{pins: map[string]*pinTrack{"pin": {inFlight: true}}},
+		wedges: []wedgeEvent{{at: at(70), rank: 1, queue: 2}}, restartAt: []time.Time{at(500)}}
+	rec := func(rid string, k sglangsim.Kind, o sglangsim.Outcome, entered, left, forced float64, wedge bool) sglangsim.Record {
+		x := sglangsim.Record{RID: rid, Rank: 1, TransferQueue: 2, Kind: k, Outcome: o, EnteredInflight: at(entered), WedgeOrdered: wedge}
+		if left > 0 {
+			x.Left = at(left)
+		}
+		if forced > 0 {
+			x.ForcedAt = at(forced)
+		}
+		return x
+	}
+	r.records = []sglangsim.Record{
+		rec("pin", sglangsim.KindPinStuckHandle, sglangsim.OutcomeFailedForced, 0, 75, 74, true),
+		rec("behind", sglangsim.KindBlockedByWedge, sglangsim.OutcomeFailedForced, 10, 72, 71, true),
+		rec("late", sglangsim.KindBlockedByWedge, sglangsim.OutcomeFailedForced, 100, 100.5, 100, false),
+		rec("hung", sglangsim.KindBlockedByWedge, sglangsim.OutcomeInflight, 200, 0, 0, false),
+		rec("ok", sglangsim.KindHealthy, sglangsim.OutcomeSuccess, 1, 2, 0, false),
+		rec("ff", sglangsim.KindHealthy, sglangsim.OutcomeFailedForced, 1, 90, 89, false),
+		rec("wo", sglangsim.KindSlow, sglangsim.OutcomeFailedForced, 1, 90, 89, true),
+		rec("lost", sglangsim.KindHealthy, sglangsim.OutcomeRestarted, 400, 500, 0, false),
+		rec("err", sglangsim.KindFailing, sglangsim.OutcomeFailedForced, 1, 50, 49, false),
+		rec("moving", sglangsim.KindSlow, sglangsim.OutcomeInflight, 550, 0, 0, false),
+		rec("hc", sglangsim.KindHealthCheck, sglangsim.OutcomeSuccess, 1, 1, 0, false),
+	}
+	st := slAnalyse(r)
+	want := slStats{rooms: 10, completable: 5, stuck: 4, falseFF: 1, falseWedge: 1, forcedFailing: 1, restarts: 1,
+		lostCompletable: 1, released: 3, hungStuck: 1, hungOther: 1, diagnoses: 1, refused: 2,
+		fromAdmission:  []time.Duration{75 * time.Second, 62 * time.Second, 500 * time.Millisecond},
+		overDL:         []time.Duration{15 * time.Second, 2 * time.Second, 0},
+		afterDiagnosis: []time.Duration{5 * time.Second, 2 * time.Second, 500 * time.Millisecond}}
+	if !reflect.DeepEqual(st, want) {
+		t.Fatalf("got  %+v\nwant %+v", st, want)
+	}
+}
