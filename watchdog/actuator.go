@@ -732,6 +732,9 @@ type orderCall struct {
 	// since is the transfer-failed counter when the rooms the answer
 	// reports began to be failed (the baseline of their confirmation).
 	since float64
+	// closing: the wedge cleared; this call only collects what the order
+	// failed since its last renewal.
+	closing bool
 }
 
 // leftToOrder tells whether the stuck rooms on queue q of rk are left to
@@ -755,6 +758,12 @@ func (w *Watchdog) orderCalls() []orderCall {
 	}
 	var out []orderCall
 	for _, rk := range w.ranks {
+		for _, o := range rk.closing {
+			if rk.status.up {
+				out = append(out, orderCall{rank: rk, queue: o.queue, wedge: transferWedge{chunk: o.chunk, rule: "cleared"}, order: o, pid: rk.server.PID, closing: true})
+			}
+		}
+		rk.closing = rk.closing[:0]
 		if !rk.status.up || rk.wedged || !rk.loopAdvancing || !rk.progress || rk.unsupported() {
 			continue
 		}
@@ -770,7 +779,7 @@ func (w *Watchdog) orderCalls() []orderCall {
 			}
 			o := rk.orders[q]
 			if o == nil || o.chunk != tw.chunk {
-				o = &wedgeOrder{chunk: tw.chunk}
+				o = &wedgeOrder{queue: q, chunk: tw.chunk}
 				rk.orders[q] = o
 			}
 			if o.unsupported || o.cleared || (o.dryRun && w.mode == ModeDryRun) {
@@ -823,9 +832,9 @@ func (w *Watchdog) placeOrder(ctx context.Context, c orderCall) []Event {
 	w.mu.Unlock()
 	src, ok := rk.source.(WedgeOrderer)
 	if !ok {
-		return w.recordOrder(c, mode, http.StatusNotFound, nil, errors.New("this source takes no wedge orders"))
+		return w.recordOrder(c, mode, 0, nil, errNoWedgeOrders)
 	}
-	if !placed {
+	if !placed && !c.closing {
 		if !budgeted && !w.callAvailable(budgetFailFast) {
 			return w.recordOrder(c, mode, 0, nil, errRateLimited)
 		}
@@ -861,9 +870,12 @@ func (w *Watchdog) placeOrder(ctx context.Context, c orderCall) []Event {
 	return w.recordOrder(c, mode, status, resp, err)
 }
 
-// errRateLimited stands for the answer of an order that the budget kept
-// from being sent.
-var errRateLimited = errors.New("rate limited")
+// Answers of an order that was not sent: the budget kept it back, or the
+// source takes no wedge orders.
+var (
+	errRateLimited   = errors.New("rate limited")
+	errNoWedgeOrders = errors.New("this source takes no wedge orders")
+)
 
 // rereadWedge reads the rank's listing again right before a new order: the
 // same process must still hold the wedge's chunk in the worker's hands,
@@ -912,7 +924,11 @@ func classifyOrder(renewal bool, status int, resp *pluginapi.WedgeOrderResponse,
 	switch {
 	case errors.Is(err, errRateLimited):
 		return OrderRateLimited
-	case status == http.StatusNotImplemented || (status == http.StatusNotFound && (resp == nil || resp.Result != pluginapi.ResultNotFound)):
+	case status == http.StatusInternalServerError && resp != nil && resp.Result == pluginapi.ResultLeverIneffective:
+		// The levers were pulled and SGLang does not release the rooms:
+		// asking again changes nothing.
+		return OrderUnsupported
+	case errors.Is(err, errNoWedgeOrders) || status == http.StatusNotImplemented || (status == http.StatusNotFound && (resp == nil || resp.Result != pluginapi.ResultNotFound)):
 		// A 404 without the contract's body is an older plugin.
 		return OrderUnsupported
 	case err != nil || resp == nil:
@@ -990,7 +1006,9 @@ func (w *Watchdog) recordOrder(c orderCall, mode Mode, status int, resp *plugina
 	logger.Log(fields...)
 	events := []Event{{Kind: EventWedgeOrder, Role: RolePrefill, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
 		Room: c.wedge.room, Queue: c.queue, Result: result, Reason: c.wedge.rule}}
-	if result == OrderPlaced || result == OrderRenewed || result == OrderWouldOrder {
+	if resp != nil {
+		// Every answer reports the rooms failed since the previous call,
+		// a 409 (the wedge cleared meanwhile) and a 500 too.
 		for _, f := range resp.Failed {
 			events = append(events, w.orderFailed(c, f, result == OrderWouldOrder, at))
 		}

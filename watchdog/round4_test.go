@@ -378,14 +378,30 @@ func TestWedgeOrderFailsTheQueueOnce(t *testing.T) {
 	if s := h.wd.Snapshot().WedgeOrders; s[OrderPlaced] != 1 || s[OrderRenewed] != 6 {
 		t.Fatalf("wedge orders %v", s)
 	}
-	// The chunk finishes: the wedge clears and nothing is renewed.
+	// The chunk finishes: the wedge clears and nothing is renewed. One
+	// closing call collects the rooms the order failed since its last
+	// renewal ("last", failed by the plugin at a pass in between), which
+	// the plugin reports with its 409.
+	p.set(r4room("last", 7, 5, 0, 1))
+	h.tick(1)
+	p.drop("last")
 	p.finish(0)
+	p.orderAnswer = func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error) {
+		return http.StatusConflict, &pluginapi.WedgeOrderResponse{Result: pluginapi.ResultWedgeCleared,
+			Failed: []pluginapi.FailedRoom{{RID: "last", BootstrapRoom: 7, Levers: []string{pluginapi.LeverAbort}}}}, nil
+	}
 	h.tick(10)
-	if p.orderCount() != 7 {
-		t.Fatalf("orders %d after the wedge cleared, want no renewal", p.orderCount())
+	if p.orderCount() != 9 || p.orders[8].Chunk != 5 {
+		t.Fatalf("orders %d after the wedge cleared, want one closing call and no renewal", p.orderCount())
 	}
 	if w, _ := wedgeState(h, 0); w {
 		t.Fatal("still wedged")
+	}
+	m.addProgress(TransferFailedFamily, 2)
+	h.wd.ScrapeMetrics(context.Background())
+	h.tick(1)
+	if n, s := h.count(ResultReleased, TriggerFailFast), h.wd.Snapshot().WedgeOrders; n != 5 || s[OrderCleared] != 1 || s[OrderRenewed] != 7 {
+		t.Fatalf("released %d by fail-fast, want 5 (late and last too); wedge orders %v", n, s)
 	}
 }
 
@@ -544,5 +560,24 @@ func TestRestartNeedsAnOverdueChunkForTheRestartWindow(t *testing.T) {
 	h.tick(1)
 	if p.restartCount() != 1 || !strings.Contains(p.restarts[0].Reason, "chunk 1 of room 1") {
 		t.Fatalf("restarts %+v", p.restarts)
+	}
+}
+
+// The floor of --watchdog.fail-fast-min-age goes with every order: the
+// plugin fails no room younger than it.
+func TestWedgeOrderNeverFailsAYoungRoom(t *testing.T) {
+	h, p, _ := wedgedQueue(t, func(c *Config) { c.FailFastMinAge = 5 * time.Second })
+	h.tick(60)
+	if p.orderCount() != 1 || p.orders[0].MinAgeSeconds != 5 {
+		t.Fatalf("orders %+v", p.orders)
+	}
+	p.set(r4room("young", 8, 0, 0, 1))
+	h.tick(4)
+	if !holds(p, "young") {
+		t.Fatal("a room younger than the floor was failed")
+	}
+	h.tick(1)
+	if holds(p, "young") {
+		t.Fatal("the room was not failed once past the floor")
 	}
 }

@@ -102,6 +102,7 @@ type workerState struct {
 // wedgeOrder is the watchdog's side of the standing order for one wedged
 // queue (POST /admin/wedge_order).
 type wedgeOrder struct {
+	queue int
 	chunk int64
 	// placed: the plugin answered ordered at least once (renewals are
 	// free); dryRun: a dry run was answered, and is not repeated.
@@ -192,8 +193,11 @@ type rankState struct {
 	progress bool
 	workers  map[int]*workerState
 	// orders holds the wedge orders of this process by queue; an entry
-	// lives as long as the queue's wedge.
+	// lives as long as the queue's wedge. closing holds the orders whose
+	// wedge cleared, for one last call that reports the rooms they failed
+	// since their last renewal (the plugin answers 409 with them).
 	orders      map[int]*wedgeOrder
+	closing     []*wedgeOrder
 	leverWarned bool // "no lever works here" was said for this process
 
 	// Verdicts of the last successful cycle; kept while the source is down,
@@ -207,6 +211,15 @@ type rankState struct {
 	oldest       float64
 	dpLabel      int
 	ppLabel      int
+}
+
+// holds tells whether the worker of queue q holds chunk as of the last
+// listing. A closing call is sent only when it does not: chunk numbers
+// only grow, so the plugin can but answer wedge_cleared, and nothing new
+// stands.
+func (rk *rankState) holds(q int, chunk int64) bool {
+	ws := rk.workers[q]
+	return ws != nil && ws.inFlight != nil && ws.inFlight.Chunk == chunk
 }
 
 // name is how a verdict names a prefill rank: by its DP and PP ranks,

@@ -763,7 +763,11 @@ func (w *Watchdog) evaluateTransfers(rk *rankState, now time.Time) []Event {
 	for q, prev := range rk.wedges {
 		if _, ok := wedges[q]; !ok {
 			// Its order is no longer renewed: it lapses within its ttl, if
-			// the plugin has not voided it already.
+			// the plugin has not voided it already. One closing call
+			// collects the rooms it failed since the last renewal.
+			if o := rk.orders[q]; o != nil && o.placed && !o.cleared && !rk.holds(q, o.chunk) {
+				rk.closing = append(rk.closing, o)
+			}
 			delete(rk.orders, q)
 			level.Info(w.logger).Log("msg", "transfer queue no longer wedged", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
 				"transfer_queue", q, "rule", prev.rule, "wedged_for", now.Sub(prev.since).Round(time.Second))
