@@ -1025,6 +1025,9 @@ func (w *Watchdog) orderFailed(c orderCall, f pluginapi.FailedRoom, dry bool, at
 	var age float64
 	var poll string
 	r := rk.rooms[key.roomKey]
+	if r == nil {
+		r = rk.departed[key.roomKey]
+	}
 	if r != nil {
 		age, poll = r.age, r.poll
 	}
@@ -1049,7 +1052,12 @@ func (w *Watchdog) orderFailed(c orderCall, f pluginapi.FailedRoom, dry bool, at
 			w.ledger.add(f.BootstrapRoom, at, stopped)
 		}
 	}
-	level.Info(w.logger).Log("msg", msg, "rid", f.RID, "room", f.BootstrapRoom, "transfer_queue", c.queue, "chunk", c.wedge.chunk,
-		"target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "age", fmt.Sprintf("%.1f", age), "levers", strings.Join(f.Levers, ","))
+	fields := []interface{}{"msg", msg, "rid", f.RID, "room", f.BootstrapRoom, "transfer_queue", c.queue, "chunk", c.wedge.chunk,
+		"target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "levers", strings.Join(f.Levers, ",")}
+	if r != nil {
+		// A room the watchdog never saw listed has no known age.
+		fields = append(fields, "age", fmt.Sprintf("%.1f", age), "poll", poll)
+	}
+	level.Info(w.logger).Log(fields...)
 	return ev
 }

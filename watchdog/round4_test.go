@@ -509,10 +509,27 @@ func (e *fakeErr) Error() string { return e.s }
 // The ledger tells decode "stopped" only for rooms failed with no chunk
 // in flight: never for the room whose chunk the worker holds.
 func TestWedgeOrderLedger(t *testing.T) {
-	h, p, _ := wedgedQueue(t, nil)
-	h.tick(61)
-	if p.orderCount() == 0 {
+	var logs syncBuffer
+	h, p, _ := wedgedQueue(t, func(c *Config) { c.Logger = log.NewLogfmtLogger(&logs) })
+	// As the plugin does: the order fails the rooms at the scheduler's
+	// next pass, and the next call reports them, after they left the
+	// listing.
+	p.orderAnswer = func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error) {
+		return http.StatusOK, &pluginapi.WedgeOrderResponse{Result: pluginapi.ResultOrdered, Failed: []pluginapi.FailedRoom{}}, nil
+	}
+	h.tick(60)
+	if p.orderCount() != 1 {
 		t.Fatal("setup: no order")
+	}
+	p.drop("head")
+	p.drop("b")
+	p.orderAnswer = func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error) {
+		return http.StatusOK, &pluginapi.WedgeOrderResponse{Result: pluginapi.ResultOrdered,
+			Failed: []pluginapi.FailedRoom{{RID: "head", BootstrapRoom: 1}, {RID: "b", BootstrapRoom: 2}}}, nil
+	}
+	h.tick(1)
+	if n := logs.count(`msg="wedge order failed a room"`); n != 2 || logs.count(`levers= age=60.0 poll=Transferring`) != 2 {
+		t.Fatalf("%d audit lines, want 2 with the rooms' last known age:\n%s", n, logs.b.String())
 	}
 	if v := h.wd.PrefillVerdict(1); v.Verdict != pluginapi.VerdictLive {
 		t.Errorf("the wedged chunk's room: %+v, want live", v)

@@ -196,8 +196,13 @@ type rankState struct {
 	// lives as long as the queue's wedge. closing holds the orders whose
 	// wedge cleared, for one last call that reports the rooms they failed
 	// since their last renewal (the plugin answers 409 with them).
-	orders      map[int]*wedgeOrder
-	closing     []*wedgeOrder
+	orders  map[int]*wedgeOrder
+	closing []*wedgeOrder
+	// departed holds the rooms that left this cycle's listing while an
+	// order stood: a plugin fails a room at a scheduler pass, often
+	// before the listing read ahead of the call that reports it, and its
+	// audit line and ledger entry need what was known of it.
+	departed    map[roomKey]*roomState
 	leverWarned bool // "no lever works here" was said for this process
 
 	// Verdicts of the last successful cycle; kept while the source is down,

@@ -237,6 +237,7 @@ func New(cfg Config) (*Watchdog, error) {
 			queueChange: map[int]time.Time{},
 			workers:     map[int]*workerState{},
 			orders:      map[int]*wedgeOrder{},
+			departed:    map[roomKey]*roomState{},
 		})
 	}
 	if cfg.Metrics != nil {
@@ -601,11 +602,15 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		w.limits++
 		level.Error(w.logger).Log("msg", "room limit reached; rooms beyond it are not tracked and never acted on", "target", rk.status.target, "max_rooms", w.cfg.MaxRooms, "listed", len(listed))
 	}
+	clear(rk.departed)
 	for key, r := range rk.rooms {
 		if r.seen == rk.cycle {
 			continue
 		}
 		rk.hist.observe(r.age)
+		if len(rk.orders) > 0 {
+			rk.departed[key] = r
+		}
 		delete(rk.rooms, key)
 		w.tracked--
 	}
