@@ -760,7 +760,7 @@ func (w *Watchdog) orderCalls() []orderCall {
 	for _, rk := range w.ranks {
 		for _, o := range rk.closing {
 			if rk.status.up {
-				out = append(out, orderCall{rank: rk, queue: o.queue, wedge: transferWedge{chunk: o.chunk, rule: "cleared"}, order: o, pid: rk.server.PID, closing: true})
+				out = append(out, orderCall{rank: rk, queue: o.queue, wedge: transferWedge{chunk: o.chunk, rule: o.rule}, order: o, pid: rk.server.PID, closing: true})
 			}
 		}
 		rk.closing = rk.closing[:0]
@@ -779,7 +779,7 @@ func (w *Watchdog) orderCalls() []orderCall {
 			}
 			o := rk.orders[q]
 			if o == nil || o.chunk != tw.chunk {
-				o = &wedgeOrder{queue: q, chunk: tw.chunk}
+				o = &wedgeOrder{queue: q, chunk: tw.chunk, rule: tw.rule}
 				rk.orders[q] = o
 			}
 			if o.unsupported || o.cleared || (o.dryRun && w.mode == ModeDryRun) {
@@ -866,6 +866,9 @@ func (w *Watchdog) placeOrder(ctx context.Context, c orderCall) []Event {
 		MinAgeSeconds: w.cfg.FailFastMinAge.Seconds(), DryRun: mode == ModeDryRun,
 		Reason: fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s): chunk %d (%d pages) held %.0fs, past its allowance of %s", c.queue, c.wedge.rule,
 			c.wedge.chunk, c.held.Pages, c.held.Seconds, chunkAllowance(c.held.Pages, c.speed, c.speedKnown, &w.cfg).Round(time.Second))}
+	if c.closing {
+		req.Reason = fmt.Sprintf("sglang-watchdog: chunk %d left transfer queue %d's worker; collecting what its order failed", c.wedge.chunk, c.queue)
+	}
 	status, resp, err := src.PostWedgeOrder(ctx, req)
 	return w.recordOrder(c, mode, status, resp, err)
 }
@@ -968,6 +971,9 @@ func (w *Watchdog) recordOrder(c orderCall, mode Mode, status int, resp *plugina
 	fields := []interface{}{"msg", "wedge order", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "pid", c.pid,
 		"transfer_queue", c.queue, "chunk", c.wedge.chunk, "rule", c.wedge.rule, "room", c.wedge.room, "mode", mode,
 		"http_status", status, "result", result}
+	if c.closing {
+		fields = append(fields, "closing", true)
+	}
 	if resp != nil {
 		fields = append(fields, "rooms_failed", len(resp.Failed))
 		if resp.Error != "" {

@@ -104,6 +104,7 @@ type workerState struct {
 type wedgeOrder struct {
 	queue int
 	chunk int64
+	rule  string // of its wedge, for the log of its closing call
 	// placed: the plugin answered ordered at least once (renewals are
 	// free); dryRun: a dry run was answered, and is not repeated.
 	placed, dryRun bool
