@@ -28,7 +28,7 @@ type Exporter struct {
 	forceFails, skips, mode, tracked, limitHits, lastCycle        *prometheus.Desc
 	webhook                                                       *prometheus.Desc
 	transferWedged, transferWedges, restarts, rankTargets         *prometheus.Desc
-	unactionable, verdictLookups, ledgerRooms                     *prometheus.Desc
+	unactionable, verdictLookups, ledgerRooms, wedgeOrders        *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -50,7 +50,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		inflightRequests: desc("inflight_requests", "Requests waiting on a KV cache transfer by the plugin's last observed KVPoll state: the prefill inflight queue (role prefill), the decode prealloc and transfer queues (role decode).", append(rank, "poll")...),
 		oldestAge:        desc("inflight_oldest_age_seconds", "Age of the oldest request waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues); 0 when there is none.", rank...),
 		ageHist:          desc("inflight_age_seconds", "Time requests spent waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues), observed when each one left the plugin listing.", rank...),
-		stuck: desc("stuck_requests", "Requests older than their role's deadline whose poll state and progress (and, on decode, queue) have not changed for the stall window while the scheduler loop kept running.",
+		stuck: desc("stuck_requests", "Requests judged stuck: older than their role's deadline and, on a prefill rank with transfer_progress, holding a chunk in flight far past what its size needs at the link's measured speed, or with nothing in flight nor queued and no change for the stall window; elsewhere with no change of poll state and progress (and, on decode, queue) for the stall window while the scheduler loop kept running.",
 			rank...),
 		gaugePinned: desc("queue_pinned", "1 if this SGLang queue gauge has been non-zero and unchanged for the pin window while no SGLang progress counter moved.",
 			"queue", "dp_rank", "pp_rank", "tp_rank"),
@@ -58,7 +58,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		sinceProgress:  desc("seconds_since_progress", "Seconds since any SGLang progress counter (transfer failures, completed KV transfers, prompt tokens, requests, realtime tokens) last moved."),
 		loopStall:      desc("scheduler_loop_stall_seconds", "Seconds since the scheduler loop counter reported by the plugin last advanced. Normal while the inflight queue is empty.", rank...),
 		wedged:         desc("scheduler_wedged", "1 if the inflight queue holds requests and the scheduler loop has not advanced for the stall window; nothing is force-failed on such a rank.", rank...),
-		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error, unsupported), by what triggered them (auto, alert, fail_fast) and by the role of the request (prefill, decode).",
+		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error, unsupported), by what triggered them (auto, alert, fail_fast: a room failed by a wedge order) and by the role of the request (prefill, decode).",
 			"result", "trigger", "role"),
 		skips: desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live) and role; each request counts once per reason.",
 			"reason", "role"),
@@ -67,7 +67,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		limitHits: desc("room_limit_hits_total", "Listings that held more rooms than the room limit; the excess was not tracked and is never acted on."),
 		lastCycle: desc("last_cycle_duration_seconds", "Duration of the last watch cycle: listing reads, decisions and admin calls."),
 		webhook:   desc("alert_webhook_requests_total", "Alertmanager webhook deliveries by result (accepted, ignored, bad_request, disabled).", "result"),
-		transferWedged: desc("transfer_wedged", "1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from the plugin's transfer fields, or suspected from two or more stuck Transferring rooms with an older plugin). Only a restart clears it.",
+		transferWedged: desc("transfer_wedged", "1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from a chunk held far past what its size needs at the link's measured speed, or, with a plugin without transfer_progress, from its round-2 transfer fields or suspected from two or more stuck Transferring rooms; those are alerted on, never acted on). Only a restart clears it.",
 			rank...),
 		transferWedges: desc("transfer_wedges_total", "Transfer queue wedges diagnosed or suspected on this rank.", rank...),
 		restarts: desc("restarts_total", "Restart escalations of a diagnosed transfer wedge by result (restarted, would_restart, disabled, unsupported, rejected, too_soon, error).",
@@ -79,6 +79,8 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		verdictLookups: desc("prefill_verdict_lookups_total", "Lookups of the prefill side's verdict on the room of a stuck decode request whose transfer started, by answer (stopped, live, in_queue, unknown, error). Only stopped lets the request be released early.",
 			"verdict"),
 		ledgerRooms: desc("prefill_released_rooms", "Rooms this watchdog released on prefill and still remembers, to answer decode-side verdict lookups."),
+		wedgeOrders: desc("wedge_orders_total", "Calls for standing wedge orders on diagnosed transfer wedges (one order fails every room queued behind its wedge), by result (ordered: a new order stands, renewed, would_order: dry run, wedge_cleared: the chunk left the worker first, rate_limited: held back by the fail-fast budget, unsupported, rejected, error). The rooms an order failed count in force_fails_total with trigger fail_fast.",
+			"result"),
 	}
 }
 
@@ -88,7 +90,7 @@ func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
 		e.scrapeSuccess, e.scrapeDuration, e.scrapeFailures, e.queueRequests, e.inflightRequests, e.oldestAge,
 		e.ageHist, e.stuck, e.gaugePinned, e.gaugeUnchanged, e.sinceProgress, e.loopStall, e.wedged,
 		e.forceFails, e.skips, e.mode, e.tracked, e.limitHits, e.lastCycle, e.webhook,
-		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable, e.verdictLookups, e.ledgerRooms,
+		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable, e.verdictLookups, e.ledgerRooms, e.wedgeOrders,
 	} {
 		ch <- d
 	}
@@ -184,6 +186,9 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, r := range watchdog.RestartResults {
 		counter(e.restarts, float64(s.Restarts[r]), r)
+	}
+	for _, r := range watchdog.OrderResults {
+		counter(e.wedgeOrders, float64(s.WedgeOrders[r]), r)
 	}
 }
 

@@ -83,6 +83,7 @@ func goldenSnapshot() watchdog.Snapshot {
 		Roles:          watchdog.Roles,
 		Webhook:        map[string]uint64{watchdog.WebhookAccepted: 2},
 		Restarts:       map[string]uint64{watchdog.RestartRestarted: 1},
+		WedgeOrders:    map[string]uint64{watchdog.OrderPlaced: 2, watchdog.OrderRenewed: 40},
 		TrackedRooms:   3,
 		RoomLimitHits:  0,
 		LastCycle:      5 * time.Millisecond,
@@ -142,7 +143,7 @@ func TestExporterNeverHidesACollidingRank(t *testing.T) {
 	snap.Ranks = append(snap.Ranks, second)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewExporter(func() watchdog.Snapshot { return snap }))
-	want := `# HELP sglang_watchdog_stuck_requests Requests older than their role's deadline whose poll state and progress (and, on decode, queue) have not changed for the stall window while the scheduler loop kept running.
+	want := `# HELP sglang_watchdog_stuck_requests Requests judged stuck: older than their role's deadline and, on a prefill rank with transfer_progress, holding a chunk in flight far past what its size needs at the link's measured speed, or with nothing in flight nor queued and no change for the stall window; elsewhere with no change of poll state and progress (and, on decode, queue) for the stall window while the scheduler loop kept running.
 # TYPE sglang_watchdog_stuck_requests gauge
 sglang_watchdog_stuck_requests{dp_rank="0",pp_rank="0",role="prefill"} 2
 # HELP sglang_watchdog_rank_targets Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.
@@ -151,7 +152,7 @@ sglang_watchdog_rank_targets{dp_rank="0",pp_rank="0",role="prefill"} 2
 # HELP sglang_watchdog_inflight_oldest_age_seconds Age of the oldest request waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues); 0 when there is none.
 # TYPE sglang_watchdog_inflight_oldest_age_seconds gauge
 sglang_watchdog_inflight_oldest_age_seconds{dp_rank="0",pp_rank="0",role="prefill"} 900
-# HELP sglang_watchdog_transfer_wedged 1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from the plugin's transfer fields, or suspected from two or more stuck Transferring rooms with an older plugin). Only a restart clears it.
+# HELP sglang_watchdog_transfer_wedged 1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from a chunk held far past what its size needs at the link's measured speed, or, with a plugin without transfer_progress, from its round-2 transfer fields or suspected from two or more stuck Transferring rooms; those are alerted on, never acted on). Only a restart clears it.
 # TYPE sglang_watchdog_transfer_wedged gauge
 sglang_watchdog_transfer_wedged{dp_rank="0",pp_rank="0",role="prefill"} 1
 `

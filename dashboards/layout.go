@@ -303,7 +303,7 @@ func layout() []rowSpec {
 		{title: "Force-fail", panels: []panelSpec{
 			{
 				kind: kindTimeseries, title: "Force-fail attempts by result and trigger", width: 8, height: 8, stacked: true, unit: "short",
-				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed; unsupported: no lever works on this SGLang. trigger is auto (the watchdog's own decision), alert (Alertmanager webhook) or fail_fast (a room queued behind a diagnosed transfer wedge).",
+				description: "Force-fail attempts per interval. released: the room left the listing and SGLang counted a transfer failure; unconfirmed: lever set, release not seen in time; would_flip: dry run; not_found, rejected, error: the admin call failed; unsupported: no lever works on this SGLang. trigger is auto (the watchdog's own decision), alert (Alertmanager webhook) or fail_fast (a room failed by a wedge order, with every room queued behind the same diagnosed transfer wedge).",
 				targets: []target{{
 					expr:   "sum by (result, trigger, role) (" + increase(wd("sglang_watchdog_force_fails_total")) + ")",
 					legend: "{{result}} ({{trigger}}, {{role}})",
@@ -335,7 +335,7 @@ func layout() []rowSpec {
 		{title: "Transfer wedges and restarts", panels: []panelSpec{
 			{
 				kind: kindTimeseries, title: "Wedged KV transfer queues", width: 8, height: 8, alertAt: 1, unit: "bool_yes_no",
-				description: "1 while a KV transfer queue of the rank is wedged: diagnosed (a stuck room with a transfer in flight, or an orphaned transfer on a queue whose rooms wait unchanged) or suspected (two or more stuck Transferring rooms, older plugin). Every room queued behind it hangs; auto mode fails them at once (trigger fail_fast), and only a restart frees the worker.",
+				description: "1 while a KV transfer queue of the rank is wedged: its worker holds a chunk far past what its size needs at the link's measured speed (plugins with transfer_progress), or, with older plugins, a stuck room with a transfer in flight, an orphaned transfer on a queue whose rooms wait unchanged, or two or more stuck Transferring rooms (suspected); those are alerted on, never acted on. Every room queued behind it hangs; with transfer_progress, auto mode places a wedge order that fails them at once (trigger fail_fast), and only a restart frees the worker.",
 				targets: []target{{
 					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_transfer_wedged") + ")",
 					legend: "{{instance}} dp{{dp_rank}} pp{{pp_rank}}", needs: NeedsPlugin,
@@ -358,7 +358,15 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 12, height: 8, alertAt: 1, unit: "short",
+				kind: kindTimeseries, title: "Wedge orders", width: 8, height: 8, stacked: true, unit: "short",
+				description: "Calls for standing wedge orders per interval (one order per diagnosed wedge fails every room queued behind it; --force-fail.fail-fast): ordered (a new order), renewed (each cycle while the wedge holds), would_order (dry run), wedge_cleared (the chunk left the worker; also the closing call), rate_limited (a new order held back by --force-fail.fail-fast-max-per-minute), unsupported, rejected, error. The rooms they failed show under force-fail attempts, trigger fail_fast.",
+				targets: []target{{
+					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_wedge_orders_total")) + ")",
+					legend: "{{result}}",
+				}},
+			},
+			{
+				kind: kindTimeseries, title: "Stuck requests that cannot be force-failed", width: 8, height: 8, alertAt: 1, unit: "short",
 				description: "Stuck requests the last attempt could not act on, by reason: source_down (the listing re-read before the call failed: a flapping source blocks every release), unsupported (no lever works on this SGLang) or transfer_live (decode: the transfer may still be written and the prefill side has not said it stopped).",
 				targets: []target{{
 					expr:   "sum by (role, dp_rank, pp_rank, reason) (" + wdRank("sglang_watchdog_stuck_unactionable_requests") + ")",
@@ -366,7 +374,7 @@ func layout() []rowSpec {
 				}},
 			},
 			{
-				kind: kindTimeseries, title: "Plugin URLs per rank", width: 12, height: 8, alertAt: 2, unit: "short",
+				kind: kindTimeseries, title: "Plugin URLs per rank", width: 8, height: 8, alertAt: 2, unit: "short",
 				description: "Plugin URLs whose last listing reported each rank. Above 1 is a collision (a wrong --plugin.url or port mapping): the rank's series add up those targets, and another rank is probably not watched.",
 				targets: []target{{
 					expr:   "max by (instance, dp_rank, pp_rank) (" + wdRank("sglang_watchdog_rank_targets") + ")",

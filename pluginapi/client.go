@@ -161,6 +161,19 @@ func (c *Client) Restart(ctx context.Context, order RestartRequest) (int, *Resta
 	return status, &out, nil
 }
 
+// PostWedgeOrder posts POST /admin/wedge_order (round 4): it places or
+// renews the standing order for one wedged transfer queue, bounded by the
+// admin timeout. As with ForceFail, a non-nil error means no usable answer;
+// an older plugin's 404 without a contract body is such an error.
+func (c *Client) PostWedgeOrder(ctx context.Context, order WedgeOrderRequest) (int, *WedgeOrderResponse, error) {
+	var out WedgeOrderResponse
+	status, err := c.post(ctx, PathWedgeOrder, order, &out, func() bool { return out.Result != "" })
+	if err != nil {
+		return status, nil, err
+	}
+	return status, &out, nil
+}
+
 // post sends one admin call and decodes its answer into out; usable tells
 // whether the decoded body is an answer of the contract.
 func (c *Client) post(ctx context.Context, path string, in, out any, usable func() bool) (int, error) {
@@ -224,6 +237,9 @@ type wireListing struct {
 	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
 	// DecodeRequests stays nil when absent or null (prefill, older plugin).
 	DecodeRequests []DecodeRequest `json:"decode_requests"`
+	// Round 4; nil when absent or null.
+	TransferWorkers []TransferWorker  `json:"transfer_workers"`
+	WedgeOrders     []WedgeOrderState `json:"wedge_orders"`
 }
 
 var validPoll = map[string]bool{
@@ -272,6 +288,19 @@ func DecodeListing(body []byte) (*Listing, error) {
 		if err := validateQueue(r.TransferQueue, w.Server.TransferQueues); err != nil {
 			return nil, fmt.Errorf("inflight[%d] (rid %q) has %w", i, r.RID, err)
 		}
+		if r.ChunksQueued != nil && *r.ChunksQueued < 0 {
+			return nil, fmt.Errorf("inflight[%d] (rid %q) has chunks_queued %d, want >= 0 or null", i, r.RID, *r.ChunksQueued)
+		}
+	}
+	for i := range w.TransferWorkers {
+		if err := validateWorker(&w.TransferWorkers[i], w.Server.TransferQueues); err != nil {
+			return nil, fmt.Errorf("transfer_workers[%d] %w", i, err)
+		}
+	}
+	for i, o := range w.WedgeOrders {
+		if err := validateQueue(&o.TransferQueue, w.Server.TransferQueues); err != nil {
+			return nil, fmt.Errorf("wedge_orders[%d] has %w", i, err)
+		}
 	}
 	for i, o := range w.OrphanedTransfers {
 		if o.OutstandingChunks < 1 {
@@ -295,7 +324,41 @@ func DecodeListing(body []byte) (*Listing, error) {
 		Inflight:          rooms,
 		OrphanedTransfers: w.OrphanedTransfers,
 		DecodeRequests:    w.DecodeRequests,
+		TransferWorkers:   w.TransferWorkers,
+		WedgeOrders:       w.WedgeOrders,
 	}, nil
+}
+
+// validateWorker checks one entry of transfer_workers (round 4): the
+// watchdog divides pages by seconds and compares seconds with deadlines,
+// so neither may be negative or NaN.
+func validateWorker(tw *TransferWorker, queues *int) error {
+	q := tw.TransferQueue
+	if err := validateQueue(&q, queues); err != nil {
+		return fmt.Errorf("has %w", err)
+	}
+	switch {
+	case tw.Depth < 0:
+		return fmt.Errorf("(queue %d) has depth %d, want >= 0", q, tw.Depth)
+	case tw.ChunksTaken < 0:
+		return fmt.Errorf("(queue %d) has chunks_taken %d, want >= 0", q, tw.ChunksTaken)
+	}
+	if c := tw.InFlight; c != nil {
+		switch {
+		case c.Chunk < 0:
+			return fmt.Errorf("(queue %d) has in_flight.chunk %d, want >= 0", q, c.Chunk)
+		case c.Pages < 0:
+			return fmt.Errorf("(queue %d) has in_flight.pages %d, want >= 0", q, c.Pages)
+		case math.IsNaN(c.Seconds) || c.Seconds < 0:
+			return fmt.Errorf("(queue %d) has in_flight.seconds %v, want >= 0", q, c.Seconds)
+		}
+	}
+	for j, s := range tw.Recent {
+		if math.IsNaN(s[0]) || math.IsNaN(s[1]) || s[0] < 0 || s[1] < 0 {
+			return fmt.Errorf("(queue %d) has recent[%d] %v, want [pages >= 0, seconds >= 0]", q, j, s)
+		}
+	}
+	return nil
 }
 
 // validateDecodeRequest checks one entry of decode_requests (round 3).

@@ -249,7 +249,7 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 		// A repeated object or array would be merged by encoding/json;
 		// leave such bodies to it.
 		switch string(key) {
-		case "server", "loop", "inflight", "orphaned_transfers", "decode_requests":
+		case "server", "loop", "inflight", "orphaned_transfers", "decode_requests", "transfer_workers", "wedge_orders":
 			if !d.once(string(key)) {
 				return false
 			}
@@ -304,6 +304,10 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 			w.OrphanedTransfers, ok = d.orphans()
 		case "decode_requests":
 			w.DecodeRequests, ok = d.decodeRequests()
+		case "transfer_workers":
+			w.TransferWorkers, ok = d.transferWorkers()
+		case "wedge_orders":
+			w.WedgeOrders, ok = d.wedgeOrders()
 		}
 		return ok
 	}
@@ -352,6 +356,8 @@ func (d *fastDecoder) server(s *Server) func([]byte) bool {
 			s.DeferredRelease, ok = d.boolPtr()
 		case "transfer_tracking":
 			s.TransferTracking, ok = d.boolPtr()
+		case "transfer_progress":
+			s.TransferProgress, ok = d.boolPtr()
 		}
 		return ok
 	}
@@ -396,6 +402,8 @@ func (d *fastDecoder) rooms() ([]Room, bool) {
 				r.TransferInFlight, ok = d.boolPtr()
 			case "transfer_queue":
 				r.TransferQueue, ok = d.intPtr()
+			case "chunks_queued":
+				r.ChunksQueued, ok = d.intPtr()
 			}
 			return ok
 		})
@@ -491,6 +499,123 @@ func (d *fastDecoder) decodeRequests() ([]DecodeRequest, bool) {
 				r.TransferStarted, ok = d.boolPtr()
 			case "health_check":
 				r.HealthCheck, ok = d.boolv()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
+// transferWorkers parses transfer_workers (round 4). Within a worker, a
+// repeated in_flight or recent would be merged by encoding/json, so such
+// bodies are left to it, as at the top level.
+func (d *fastDecoder) transferWorkers() ([]TransferWorker, bool) {
+	out := []TransferWorker{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, TransferWorker{})
+		tw := &out[len(out)-1]
+		var inFlightSeen, recentSeen bool
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "transfer_queue":
+				tw.TransferQueue, ok = d.intv()
+			case "tracked":
+				tw.Tracked, ok = d.boolv()
+			case "depth":
+				tw.Depth, ok = d.intv()
+			case "chunks_taken":
+				tw.ChunksTaken, ok = d.int64v(64)
+			case "in_flight":
+				if inFlightSeen {
+					return false
+				}
+				inFlightSeen = true
+				tw.InFlight, ok = d.chunkInFlight()
+			case "recent":
+				if recentSeen {
+					return false
+				}
+				recentSeen = true
+				tw.Recent, ok = d.samples()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
+func (d *fastDecoder) chunkInFlight() (*ChunkInFlight, bool) {
+	if d.null() {
+		return nil, true
+	}
+	c := new(ChunkInFlight)
+	return c, d.object(func(k []byte) bool {
+		var ok bool
+		switch string(k) {
+		case "chunk":
+			c.Chunk, ok = d.int64v(64)
+		case "bootstrap_room":
+			c.BootstrapRoom, ok = d.uint64v()
+		case "pages":
+			c.Pages, ok = d.intv()
+		case "last_chunk":
+			c.LastChunk, ok = d.boolv()
+		case "seconds":
+			c.Seconds, ok = d.float64v()
+		}
+		return ok
+	})
+}
+
+// samples parses recent: pairs of exactly two numbers. encoding/json
+// would zero-fill a shorter pair and drop the rest of a longer one; such
+// bodies are left to it.
+func (d *fastDecoder) samples() ([][2]float64, bool) {
+	out := [][2]float64{}
+	isNull, ok := d.array(func() bool {
+		var s [2]float64
+		var ok bool
+		if !d.consume('[') {
+			return false
+		}
+		if s[0], ok = d.float64v(); !ok || !d.consume(',') {
+			return false
+		}
+		if s[1], ok = d.float64v(); !ok || !d.consume(']') {
+			return false
+		}
+		out = append(out, s)
+		return true
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
+func (d *fastDecoder) wedgeOrders() ([]WedgeOrderState, bool) {
+	out := []WedgeOrderState{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, WedgeOrderState{})
+		o := &out[len(out)-1]
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "transfer_queue":
+				o.TransferQueue, ok = d.intv()
+			case "chunk":
+				o.Chunk, ok = d.int64v(64)
+			case "expires_in_seconds":
+				o.ExpiresInSeconds, ok = d.float64v()
+			case "rooms_failed":
+				o.RoomsFailed, ok = d.intv()
 			}
 			return ok
 		})

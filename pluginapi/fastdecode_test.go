@@ -27,6 +27,12 @@ func FuzzDecodeWireFast(f *testing.F) {
 	f.Add([]byte(`{"api_version":1,"server":{"deferred_release":false,"transfer_tracking":true},"loop":{},"inflight":[],"decode_requests":[]}`))
 	f.Add([]byte(`{"api_version":1,"server":{"transfer_tracking":null,"transfer_tracking":false},"loop":{},"inflight":[]}`))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"prealloc","poll":"Failed","chunks_expected":1,"chunks_expected":null,"transfer_started":true,"transfer_started":null}],"decode_requests":[{"rid":"b"}]}`))
+	// Round 4: transfer workers, chunks queued and wedge orders, in their
+	// null, empty, odd and repeated forms.
+	f.Add([]byte(round4Listing))
+	f.Add([]byte(`{"api_version":1,"server":{"transfer_progress":null,"transfer_progress":true},"loop":{},"inflight":[{"rid":"a","poll":"Failed","chunks_queued":null,"chunks_queued":2}],"transfer_workers":null,"wedge_orders":null}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"transfer_workers":[{"in_flight":null,"recent":null},{"recent":[[1,2],[1e3,0.5]],"in_flight":{"chunk":3,"chunk":4}}],"wedge_orders":[]}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"transfer_workers":[{"recent":[[1]]},{"recent":[[1,2,3]]}],"transfer_workers":[]}`))
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
 	for _, p := range files {
 		if b, err := os.ReadFile(p); err == nil {

@@ -16,6 +16,7 @@ func FuzzDecodeListing(f *testing.F) {
 	f.Add([]byte(`{"api_version":1,"server":{"transfer_queues":2,"pp_size":2,"pp_rank":1},"loop":{},"inflight":[{"rid":"a","poll":"Failed","transfer_queue":1,"transfer_in_flight":false}],"orphaned_transfers":[{"bootstrap_room":1,"transfer_queue":1,"outstanding_chunks":1}]}`))
 	f.Add([]byte(decodeListing))
 	f.Add([]byte(`{"api_version":1,"server":{"disaggregation_mode":"decode"},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"transfer","poll":"Transferring","age_seconds":1,"progress":-1,"chunks_expected":0,"transfer_started":null}]}`))
+	f.Add([]byte(round4Listing))
 	f.Add([]byte(`{"api_version":2}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -43,6 +44,17 @@ func FuzzDecodeListing(f *testing.F) {
 			if d.RID == "" || !validPoll[d.Poll] || !(d.AgeSeconds >= 0) || d.Progress < -1 || (d.Queue != DecodeQueuePrealloc && d.Queue != DecodeQueueTransfer) ||
 				(d.ChunksExpected != nil && *d.ChunksExpected < 0) {
 				t.Fatalf("accepted invalid decode request %d: %+v", i, d)
+			}
+		}
+		for i, tw := range l.TransferWorkers {
+			q := tw.TransferQueue
+			if !inRange(&q) || tw.Depth < 0 || (tw.InFlight != nil && !(tw.InFlight.Seconds >= 0 && tw.InFlight.Pages >= 0)) {
+				t.Fatalf("accepted invalid transfer worker %d: %+v", i, tw)
+			}
+			for _, s := range tw.Recent {
+				if !(s[0] >= 0 && s[1] >= 0) {
+					t.Fatalf("accepted invalid sample of transfer worker %d: %v", i, s)
+				}
 			}
 		}
 		if s := l.Server; s.PPSize < 0 || (s.PPSize > 0 && s.PPRank >= s.PPSize) || (s.TransferQueues != nil && *s.TransferQueues < 1) {

@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -39,16 +40,13 @@ type stageView struct {
 	leverNote     string
 }
 
-// candidate is a request to act on: stuck on one of its stages, or queued
-// behind a diagnosed transfer wedge (failFast).
+// candidate is a request to act on: stuck on one of its stages.
 type candidate struct {
 	key      reqKey
 	rank     *rankState // the stage the verdict was made on
 	poll     string
 	progress int64
 	age      float64
-	failFast bool
-	queue    int
 	// stages lists every stage of the DP rank that holds the request.
 	stages []stageView
 	// blocked names a stage of the DP rank that is down or whose loop is
@@ -64,8 +62,8 @@ const (
 	// budgetDeadline: prefill requests failed after their deadline
 	// (MaxPerMinute).
 	budgetDeadline budget = iota
-	// budgetFailFast: prefill rooms behind a diagnosed transfer wedge
-	// (FailFastPerMinute).
+	// budgetFailFast: new wedge orders (FailFastPerMinute); one order
+	// fails every room behind its wedge, and its renewals are free.
 	budgetFailFast
 	// budgetDecode: decode releases (DecodePerMinute). Each passed the
 	// safety rule (transfer never started, SGLang marked it Failed, or
@@ -77,25 +75,15 @@ const (
 
 // budget names the rate limit a call for the request takes a slot of.
 func (c candidate) budget() budget {
-	switch {
-	case c.failFast:
-		return budgetFailFast
-	case c.key.role == RoleDecode:
+	if c.key.role == RoleDecode {
 		return budgetDecode
 	}
 	return budgetDeadline
 }
 
-func (c candidate) trigger(t string) string {
-	if c.failFast && t == TriggerAuto {
-		return TriggerFailFast
-	}
-	return t
-}
-
 // candidates lists the requests that may be acted on: stuck prefill
-// requests oldest first, stuck decode requests youngest first, then the
-// fail-fast ones. Caller holds w.mu.
+// requests oldest first, then stuck decode requests youngest first. Rooms
+// left to a wedge order are not among them. Caller holds w.mu.
 func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []candidate {
 	var out []candidate
 	seen := map[reqKey]int{}
@@ -106,21 +94,19 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 			continue
 		}
 		for key, r := range rk.rooms {
-			// A room behind a diagnosed wedge is failed as such even once it
-			// is old enough to be stuck: it waits on the same dead worker.
-			failFast := onRank == nil && w.cfg.FailFast && w.mode != ModeOff && failFastEligible(r, rk)
-			if !r.stuck && !failFast {
+			// A room on a queue whose wedge is ordered is failed by the
+			// order, with every other room behind the same wedge.
+			if !r.stuck || w.leftToOrder(rk, r.queue) {
 				continue
 			}
 			k := reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}
 			if st := w.requests[k]; st != nil && (st.done || st.acting || now.Before(st.nextAttempt)) {
 				continue
 			}
-			c := candidate{key: k, rank: rk, poll: r.poll, progress: r.progress, age: r.age, failFast: failFast, queue: r.queue}
+			c := candidate{key: k, rank: rk, poll: r.poll, progress: r.progress, age: r.age}
 			if i, ok := seen[k]; ok {
-				// Another stage holds it too: decide on the stuck stage,
-				// then on the oldest one.
-				if prev := out[i]; (prev.failFast && !failFast) || (prev.failFast == failFast && r.age > prev.age) {
+				// Another stage holds it too: decide on the oldest one.
+				if r.age > out[i].age {
 					out[i] = c
 				}
 				continue
@@ -134,9 +120,6 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]
-		if a.failFast != b.failFast {
-			return !a.failFast
-		}
 		if a.key.role != b.key.role {
 			return a.key.role == RolePrefill
 		}
@@ -205,13 +188,13 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 			return
 		}
 		// A deadline lever set on a prefill rank may unblock its other
-		// stuck rooms: decide on them from the next listing. Fail-fast
-		// rooms (only a restart unblocks them) and decode requests (each
-		// waits on its own prefill room) go on, each re-read first.
+		// stuck rooms: decide on them from the next listing. Decode
+		// requests (each waits on its own prefill room) go on, each
+		// re-read first.
 		if c.budget() == budgetDeadline && flipped[c.rank] {
 			continue
 		}
-		evs := w.actOne(ctx, c, c.trigger(trigger), asAuto)
+		evs := w.actOne(ctx, c, trigger, asAuto)
 		for _, e := range evs {
 			if e.Kind == EventForceFail && c.budget() == budgetDeadline && (e.Result == pluginapi.ResultFlipped || e.Result == pluginapi.ResultAlreadyFailed) {
 				flipped[c.rank] = true
@@ -328,8 +311,7 @@ func (w *Watchdog) reread(ctx context.Context, c candidate, trigger string) (tar
 		if now == nil {
 			continue
 		}
-		movedInFlight := c.failFast && (now.inFlight == nil || *now.inFlight)
-		if now.poll != s.poll || now.progress != s.progress || movedInFlight || now.health || l.Loop.Iterations < s.iterations ||
+		if now.poll != s.poll || now.progress != s.progress || now.health || l.Loop.Iterations < s.iterations ||
 			l.Server.PID != s.pid || (now.inFlight != nil && *now.inFlight != s.inFlight) || now.dqueue != s.dqueue || now.started != s.started {
 			return nil, nil, w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.poll, s.progress, now.progress))
 		}
@@ -373,10 +355,7 @@ func (w *Watchdog) claim(c candidate, e *entry) (callClaim, bool) {
 
 // forceFailReason is the reason the plugin records with the failure.
 func (w *Watchdog) forceFailReason(c candidate, e *entry) string {
-	switch {
-	case c.failFast:
-		return fmt.Sprintf("sglang-watchdog: queued %.0fs behind wedged transfer queue %d; only a restart clears it", e.age, c.queue)
-	case c.key.role == RoleDecode:
+	if c.key.role == RoleDecode {
 		return fmt.Sprintf("sglang-watchdog: decode request stuck %.0fs in the %s queue in %s with no progress for %s", e.age, e.dqueue, c.poll, w.cfg.StallWindow)
 	}
 	return fmt.Sprintf("sglang-watchdog: stuck %.0fs in %s with no progress for %s", e.age, c.poll, w.cfg.StallWindow)
@@ -593,7 +572,7 @@ func combine(answers []stageAnswer) string {
 func (w *Watchdog) limitDetail(b budget) string {
 	switch b {
 	case budgetFailFast:
-		return fmt.Sprintf("%d fail-fast requests in the last minute already", w.cfg.FailFastPerMinute)
+		return fmt.Sprintf("%d new wedge orders in the last minute already", w.cfg.FailFastPerMinute)
 	case budgetDecode:
 		return fmt.Sprintf("%d decode releases in the last minute already", w.cfg.DecodePerMinute)
 	}
@@ -734,4 +713,357 @@ func (w *Watchdog) TriggerRank(ctx context.Context, dpRank, ppRank int) (int, er
 	}
 	w.actuate(ctx, cands, TriggerAlert, true, time.Time{})
 	return len(cands), nil
+}
+
+// --- Wedge orders -------------------------------------------------------------
+
+// orderCall is one call for a wedge order: placing it, or renewing it
+// while its wedge holds.
+type orderCall struct {
+	rank  *rankState
+	queue int
+	wedge transferWedge
+	order *wedgeOrder
+	pid   int
+	// The chunk and the link speed of the queue at the decision.
+	held       pluginapi.ChunkInFlight
+	speed      float64
+	speedKnown bool
+	// since is the transfer-failed counter when the rooms the answer
+	// reports began to be failed (the baseline of their confirmation).
+	since float64
+	// closing: the wedge cleared; this call only collects what the order
+	// failed since its last renewal.
+	closing bool
+}
+
+// leftToOrder tells whether the stuck rooms on queue q of rk are left to
+// a wedge order rather than force-failed one by one: the queue has an
+// actionable wedge, wedge orders are on, and the plugin takes them. Caller
+// holds w.mu.
+func (w *Watchdog) leftToOrder(rk *rankState, q int) bool {
+	tw, ok := rk.wedges[q]
+	if !ok || !wedgeActionable(tw) || !w.cfg.FailFast || w.mode == ModeOff || rk.unsupported() {
+		return false
+	}
+	o := rk.orders[q]
+	return o == nil || o.chunk != tw.chunk || !o.unsupported
+}
+
+// orderCalls lists the wedge orders to place or renew this cycle, one per
+// actionable wedge. Caller holds w.mu.
+func (w *Watchdog) orderCalls() []orderCall {
+	if !w.cfg.FailFast || w.mode == ModeOff {
+		return nil
+	}
+	var out []orderCall
+	for _, rk := range w.ranks {
+		for _, o := range rk.closing {
+			if rk.status.up {
+				out = append(out, orderCall{rank: rk, queue: o.queue, wedge: transferWedge{chunk: o.chunk, rule: o.rule}, order: o, pid: rk.server.PID, closing: true})
+			}
+		}
+		rk.closing = rk.closing[:0]
+		if !rk.status.up || rk.wedged || !rk.loopAdvancing || !rk.progress || rk.unsupported() {
+			continue
+		}
+		queues := make([]int, 0, len(rk.wedges))
+		for q := range rk.wedges {
+			queues = append(queues, q)
+		}
+		sort.Ints(queues)
+		for _, q := range queues {
+			tw := rk.wedges[q]
+			if !wedgeActionable(tw) {
+				continue
+			}
+			o := rk.orders[q]
+			if o == nil || o.chunk != tw.chunk {
+				o = &wedgeOrder{queue: q, chunk: tw.chunk, rule: tw.rule}
+				rk.orders[q] = o
+			}
+			if o.unsupported || o.cleared || (o.dryRun && w.mode == ModeDryRun) {
+				continue
+			}
+			ws := rk.workers[q]
+			out = append(out, orderCall{rank: rk, queue: q, wedge: *tw, order: o, pid: rk.server.PID, held: *ws.inFlight, speed: ws.speed, speedKnown: ws.speedKnown})
+		}
+	}
+	return out
+}
+
+// orderTTL is how long an order stands without renewal: three cycles, so
+// that one slow cycle does not let it lapse, and at least 10 s.
+func (w *Watchdog) orderTTL() time.Duration {
+	return max(3*w.cfg.Interval, 10*time.Second)
+}
+
+// placeOrders sends the cycle's wedge orders. A new order (and the first
+// real one after a dry run, or a retry of one never placed) is sent only if
+// a fresh listing still shows the chunk in the worker's hands and overdue,
+// and takes a slot of the fail-fast budget once; renewals are free, and
+// need no re-read, since the plugin voids an order whose chunk left the
+// worker (409 wedge_cleared).
+func (w *Watchdog) placeOrders(ctx context.Context, calls []orderCall) []Event {
+	if len(calls) == 0 {
+		return nil
+	}
+	w.act.Lock()
+	defer w.act.Unlock()
+	var events []Event
+	for _, c := range calls {
+		if ctx.Err() != nil {
+			break
+		}
+		events = append(events, w.placeOrder(ctx, c)...)
+	}
+	return events
+}
+
+// placeOrder takes one wedge order through the rails. Caller holds w.act.
+func (w *Watchdog) placeOrder(ctx context.Context, c orderCall) []Event {
+	mode := w.Mode()
+	if mode == ModeOff {
+		return nil
+	}
+	rk := c.rank
+	w.mu.Lock()
+	placed, budgeted := c.order.placed, c.order.budgeted
+	w.mu.Unlock()
+	src, ok := rk.source.(WedgeOrderer)
+	if !ok {
+		return w.recordOrder(c, mode, 0, nil, errNoWedgeOrders)
+	}
+	if !placed && !c.closing {
+		if !budgeted && !w.callAvailable(budgetFailFast) {
+			return w.recordOrder(c, mode, 0, nil, errRateLimited)
+		}
+		if reason := w.rereadWedge(ctx, c); reason != "" {
+			level.Info(w.logger).Log("msg", "wedge order not sent", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
+				"transfer_queue", c.queue, "chunk", c.wedge.chunk, "reason", reason)
+			return nil
+		}
+		if !budgeted {
+			w.allowCall(budgetFailFast)
+			w.mu.Lock()
+			c.order.budgeted = true
+			w.mu.Unlock()
+		}
+	}
+	w.mu.Lock()
+	if w.metrics != nil {
+		// The rooms an answer reports were failed since the previous call:
+		// their confirmation counts the counter's rises from then.
+		v, _ := w.metrics.counter(TransferFailedFamily)
+		c.since = v
+		if placed {
+			c.since = c.order.baseline
+		}
+		c.order.baseline = v
+	}
+	w.mu.Unlock()
+	req := pluginapi.WedgeOrderRequest{TransferQueue: c.queue, Chunk: c.wedge.chunk, TTLSeconds: w.orderTTL().Seconds(),
+		MinAgeSeconds: w.cfg.FailFastMinAge.Seconds(), DryRun: mode == ModeDryRun,
+		Reason: fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s): chunk %d (%d pages) held %.0fs, past its allowance of %s", c.queue, c.wedge.rule,
+			c.wedge.chunk, c.held.Pages, c.held.Seconds, chunkAllowance(c.held.Pages, c.speed, c.speedKnown, &w.cfg).Round(time.Second))}
+	if c.closing {
+		req.Reason = fmt.Sprintf("sglang-watchdog: chunk %d left transfer queue %d's worker; collecting what its order failed", c.wedge.chunk, c.queue)
+	}
+	status, resp, err := src.PostWedgeOrder(ctx, req)
+	return w.recordOrder(c, mode, status, resp, err)
+}
+
+// Answers of an order that was not sent: the budget kept it back, or the
+// source takes no wedge orders.
+var (
+	errRateLimited   = errors.New("rate limited")
+	errNoWedgeOrders = errors.New("this source takes no wedge orders")
+)
+
+// rereadWedge reads the rank's listing again right before a new order: the
+// same process must still hold the wedge's chunk in the worker's hands,
+// overdue at the speed the decision used. It returns why not, or "".
+func (w *Watchdog) rereadWedge(ctx context.Context, c orderCall) string {
+	l, err := c.rank.source.Inflight(ctx)
+	switch {
+	case err != nil:
+		return "re-reading the listing failed: " + err.Error()
+	case l.Server.PID != c.pid:
+		return "the scheduler restarted"
+	case l.Server.TransferProgress == nil || !*l.Server.TransferProgress:
+		return "the listing no longer reports transfer_progress"
+	}
+	for _, tw := range l.TransferWorkers {
+		if tw.TransferQueue != c.queue {
+			continue
+		}
+		ws := &workerState{tracked: tw.Tracked, inFlight: tw.InFlight, speed: c.speed, speedKnown: c.speedKnown}
+		if tw.InFlight == nil || tw.InFlight.Chunk != c.wedge.chunk || !chunkOverdue(ws, &w.cfg) {
+			return "the worker no longer holds the overdue chunk"
+		}
+		return ""
+	}
+	return "the listing no longer has the transfer queue"
+}
+
+// Wedge order results, the `result` label of
+// sglang_watchdog_wedge_orders_total.
+const (
+	OrderPlaced      = "ordered"       // a new order stands
+	OrderRenewed     = "renewed"       // a standing order renewed
+	OrderWouldOrder  = "would_order"   // dry run
+	OrderCleared     = "wedge_cleared" // 409: the worker no longer holds the chunk
+	OrderRateLimited = "rate_limited"  // not sent: the fail-fast budget is spent
+	OrderUnsupported = "unsupported"   // 404, 501: no wedge orders on this plugin
+	OrderRejected    = "rejected"      // 400, 401, 404 not_found
+	OrderError       = "error"         // no usable answer, 5xx
+)
+
+// OrderResults lists every wedge order result.
+var OrderResults = []string{OrderPlaced, OrderRenewed, OrderWouldOrder, OrderCleared, OrderRateLimited, OrderUnsupported, OrderRejected, OrderError}
+
+// classifyOrder maps a wedge order's answer to a result.
+func classifyOrder(renewal bool, status int, resp *pluginapi.WedgeOrderResponse, err error) string {
+	switch {
+	case errors.Is(err, errRateLimited):
+		return OrderRateLimited
+	case status == http.StatusInternalServerError && resp != nil && resp.Result == pluginapi.ResultLeverIneffective:
+		// The levers were pulled and SGLang does not release the rooms:
+		// asking again changes nothing.
+		return OrderUnsupported
+	case errors.Is(err, errNoWedgeOrders) || status == http.StatusNotImplemented || (status == http.StatusNotFound && (resp == nil || resp.Result != pluginapi.ResultNotFound)):
+		// A 404 without the contract's body is an older plugin.
+		return OrderUnsupported
+	case err != nil || resp == nil:
+		return OrderError
+	case status == http.StatusOK && resp.Result == pluginapi.ResultOrdered && renewal:
+		return OrderRenewed
+	case status == http.StatusOK && resp.Result == pluginapi.ResultOrdered:
+		return OrderPlaced
+	case status == http.StatusOK && resp.Result == pluginapi.ResultWouldOrder:
+		return OrderWouldOrder
+	case status == http.StatusConflict && resp.Result == pluginapi.ResultWedgeCleared:
+		return OrderCleared
+	case status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusNotFound:
+		return OrderRejected
+	}
+	return OrderError
+}
+
+// recordOrder settles a wedge order's state from its answer, logs and
+// counts it, and takes every room it failed through the confirmation of
+// a force-fail release (trigger fail_fast): one audit line per room.
+func (w *Watchdog) recordOrder(c orderCall, mode Mode, status int, resp *pluginapi.WedgeOrderResponse, err error) []Event {
+	rk := c.rank
+	at := w.clock.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	o := c.order
+	result := classifyOrder(o.placed, status, resp, err)
+	if result == OrderRateLimited {
+		// Said and counted once per wedge; it is tried again each cycle.
+		if o.rateLimited {
+			return nil
+		}
+		o.rateLimited = true
+	}
+	w.wedgeOrders[result]++
+	fields := []interface{}{"msg", "wedge order", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "pid", c.pid,
+		"transfer_queue", c.queue, "chunk", c.wedge.chunk, "rule", c.wedge.rule, "room", c.wedge.room, "mode", mode,
+		"http_status", status, "result", result}
+	if c.closing {
+		fields = append(fields, "closing", true)
+	}
+	if resp != nil {
+		fields = append(fields, "rooms_failed", len(resp.Failed))
+		if resp.Error != "" {
+			fields = append(fields, "plugin_error", resp.Error)
+		}
+		if resp.LeverNote != "" {
+			fields = append(fields, "lever_note", resp.LeverNote)
+		}
+	}
+	logger := level.Error(w.logger)
+	switch result {
+	case OrderPlaced, OrderRenewed:
+		o.placed = true
+		logger = level.Warn(w.logger)
+		if result == OrderRenewed && len(resp.Failed) == 0 {
+			logger = level.Debug(w.logger)
+		}
+	case OrderWouldOrder:
+		o.dryRun = true
+		logger = level.Warn(w.logger)
+	case OrderCleared:
+		// The wedge cleared between the listing and the call: its chunk
+		// left the worker, and the next listing shows it.
+		o.cleared = true
+		logger = level.Info(w.logger)
+	case OrderRateLimited:
+		fields = append(fields, "reason", w.limitDetail(budgetFailFast))
+		logger = level.Warn(w.logger)
+	case OrderUnsupported, OrderRejected:
+		// Not asked again for this wedge: its rooms go the deadline path.
+		o.unsupported = true
+	}
+	if err != nil && result != OrderRateLimited {
+		fields = append(fields, "err", err)
+	}
+	logger.Log(fields...)
+	events := []Event{{Kind: EventWedgeOrder, Role: RolePrefill, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
+		Room: c.wedge.room, Queue: c.queue, Result: result, Reason: c.wedge.rule}}
+	if resp != nil {
+		// Every answer reports the rooms failed since the previous call,
+		// a 409 (the wedge cleared meanwhile) and a 500 too.
+		for _, f := range resp.Failed {
+			events = append(events, w.orderFailed(c, f, result == OrderWouldOrder, at))
+		}
+	}
+	return events
+}
+
+// orderFailed audits one room a wedge order failed (or would fail) and,
+// for a real order, awaits its confirmation like a force-fail's. Caller
+// holds w.mu.
+func (w *Watchdog) orderFailed(c orderCall, f pluginapi.FailedRoom, dry bool, at time.Time) Event {
+	rk := c.rank
+	key := reqKey{role: RolePrefill, dp: rk.dpLabel, roomKey: roomKey{rid: f.RID, room: f.BootstrapRoom}}
+	var age float64
+	var poll string
+	r := rk.rooms[key.roomKey]
+	if r == nil {
+		r = rk.departed[key.roomKey]
+	}
+	if r != nil {
+		age, poll = r.age, r.poll
+	}
+	ev := Event{Kind: EventForceFail, Role: RolePrefill, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
+		RID: f.RID, Room: f.BootstrapRoom, Age: age, Poll: poll, Trigger: TriggerFailFast, Queue: c.queue}
+	msg := "wedge order failed a room"
+	if dry {
+		msg = "wedge order would fail a room"
+		w.forceFails[[3]string{ResultWouldFlip, TriggerFailFast, RolePrefill}]++
+		ev.Result = ResultWouldFlip
+	} else {
+		ev.Result = pluginapi.ResultFlipped
+		if st := w.request(key); !st.done {
+			st.done = true
+			w.pending = append(w.pending, &pending{key: key, rank: rk, stages: []*rankState{rk}, trigger: TriggerFailFast, at: at,
+				family: TransferFailedFamily, baseline: c.since, age: age, poll: poll})
+			// Decode may free the room's pages only if prefill stopped
+			// sending: never for the room of the wedged chunk, nor for one
+			// whose chunks in flight the plugin cannot see.
+			stopped := r != nil && f.BootstrapRoom != c.wedge.room && r.chunk == noChunk && r.inFlightKnown && !r.inFlight &&
+				rk.server.TransferTracking != nil && *rk.server.TransferTracking
+			w.ledger.add(f.BootstrapRoom, at, stopped)
+		}
+	}
+	fields := []interface{}{"msg", msg, "rid", f.RID, "room", f.BootstrapRoom, "transfer_queue", c.queue, "chunk", c.wedge.chunk,
+		"target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "levers", strings.Join(f.Levers, ",")}
+	if r != nil {
+		// A room the watchdog never saw listed has no known age.
+		fields = append(fields, "age", fmt.Sprintf("%.1f", age), "poll", poll)
+	}
+	level.Info(w.logger).Log(fields...)
+	return ev
 }

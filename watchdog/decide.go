@@ -1,27 +1,53 @@
 package watchdog
 
 import (
+	"sort"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
+// Defaults of the transfer liveness rules (docs/runbook.md, "Transfer
+// liveness", says why).
+const (
+	// DefaultLinkMargin: a live chunk is judged stuck only after 100 times
+	// what its size needs at the slow end of the measured link, so a link
+	// must fall below 1% of that speed for a healthy chunk to be taken for
+	// a stuck one; and even then, never before the deadline.
+	DefaultLinkMargin = 100
+	// DefaultFailFastMinAge: a wedge order never fails a room younger than
+	// this. A room that just arrived may have been queued after the chunk
+	// it waits behind finished, in the same scheduler pass that the
+	// listing was read in; two seconds is several listing intervals and
+	// scheduler passes, and costs a doomed room nothing noticeable.
+	DefaultFailFastMinAge = 2 * time.Second
+)
+
 // Decisions are pure functions of state, configuration and the clock, so
 // that they can be tested on a fake clock without HTTP.
 
-// roomStuck tells whether a request is stuck: older than its role's
-// deadline, with neither poll nor progress (nor, on decode, its queue)
-// changing for the stall window, while the scheduler loop kept
-// running (otherwise every room looks frozen and the observations are
-// stale), and not one of SGLang's own health checks.
-func roomStuck(r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
-	if r.health {
+// roomStuck tells whether a request is stuck. On a prefill rank whose
+// plugin reports its transfer workers (server.transfer_progress), a room
+// is judged by its transfer (progressRoomStuck); elsewhere by the stall
+// rule: older than its role's deadline with neither poll nor progress (nor,
+// on decode, its queue) changing for the stall window while the loop ran.
+// Health checks never are.
+func roomStuck(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
+	switch {
+	case r.health:
 		return false
+	case r.dqueue != "":
+		return stalled(r, rk, now, cfg, cfg.DecodeDeadline)
+	case rk.progress:
+		return progressRoomStuck(room, r, rk, now, cfg)
 	}
-	deadline := cfg.Deadline
-	if r.dqueue != "" {
-		deadline = cfg.DecodeDeadline
-	}
+	return stalled(r, rk, now, cfg, cfg.Deadline)
+}
+
+// stalled is the stall rule: older than deadline, with no change for the
+// stall window while the scheduler loop kept running (otherwise every room
+// looks frozen and the observations are stale).
+func stalled(r *roomState, rk *rankState, now time.Time, cfg *Config, deadline time.Duration) bool {
 	if r.age < deadline.Seconds() {
 		return false
 	}
@@ -29,6 +55,107 @@ func roomStuck(r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
 		return false
 	}
 	return rk.loopAdvancing && rk.iterations > r.iterAtChange
+}
+
+// progressRoomStuck judges a prefill room by its transfer worker. On
+// SGLang a room's progress stands still for its whole stay in the inflight
+// queue, so the stall rule would take a healthy slow transfer for a stuck
+// one. Instead:
+//   - its chunk is in the worker's hands: stuck once that chunk is overdue
+//     for its size at the link's measured speed (chunkOverdue);
+//   - its chunks wait in the queue: not stuck by itself, it waits behind
+//     its worker (a wedge of that worker is handled by a wedge order);
+//   - nothing in flight nor queued (a silent pin: the status resurrected to
+//     Transferring, an abort race): the stall rule, counted from the last
+//     transfer activity seen for the room;
+//   - its worker is not tracked (the plugin started while it held a chunk,
+//     so in_flight proves nothing): the stall rule with twice the deadline.
+func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
+	ws := rk.workers[r.queue]
+	if ws == nil || !ws.tracked {
+		return stalled(r, rk, now, cfg, 2*cfg.Deadline)
+	}
+	if r.age < cfg.Deadline.Seconds() || !rk.loopAdvancing {
+		return false
+	}
+	switch {
+	case ws.inFlight != nil && ws.inFlight.BootstrapRoom == room:
+		return chunkOverdue(ws, cfg)
+	case r.chunksQueued > 0:
+		return false
+	}
+	return stalled(r, rk, now, cfg, cfg.Deadline)
+}
+
+// Link speed estimates (docs/runbook.md, "Transfer liveness").
+const (
+	// minSpeedSamples is how many finished chunks an estimate needs: with
+	// fewer, one unusually fast chunk would set the pace.
+	minSpeedSamples = 8
+	// speedQuantile picks a slow chunk of the recent ones rather than a
+	// typical one: slower is more conservative.
+	speedQuantile = 0.1
+)
+
+// linkSpeed estimates the speed (pages per second) of transfer queue q at
+// the slow end of what its rank's link was measured doing: the low
+// quantile of the speeds of the chunks its worker finished, and the same
+// pooled over every worker of the rank, each where it has enough samples;
+// the lower of the two. ok is false when neither has.
+func linkSpeed(workers map[int]*workerState, q int) (speed float64, ok bool) {
+	var own, pooled []float64
+	for wq, ws := range workers {
+		for _, s := range ws.recent {
+			if s[0] <= 0 || s[1] <= 0 {
+				// A skipped or aux-only chunk says nothing of the link.
+				continue
+			}
+			v := s[0] / s[1]
+			pooled = append(pooled, v)
+			if wq == q {
+				own = append(own, v)
+			}
+		}
+	}
+	for _, speeds := range [][]float64{own, pooled} {
+		if len(speeds) < minSpeedSamples {
+			continue
+		}
+		v := lowQuantile(speeds)
+		if !ok || v < speed {
+			speed, ok = v, true
+		}
+	}
+	return speed, ok
+}
+
+// lowQuantile returns the speedQuantile quantile of vs (nearest rank,
+// rounding down, so towards the slower side); it sorts vs.
+func lowQuantile(vs []float64) float64 {
+	sort.Float64s(vs)
+	return vs[int(speedQuantile*float64(len(vs)-1))]
+}
+
+// chunkAllowance is how long a live chunk of this many pages may be held
+// before it is judged stuck: LinkMargin times what its size needs at the
+// measured speed, never less than the stall window; the deadline when the
+// speed is unknown.
+func chunkAllowance(pages int, speed float64, known bool, cfg *Config) time.Duration {
+	if !known {
+		return cfg.Deadline
+	}
+	need := time.Duration(cfg.LinkMargin * float64(pages) / speed * float64(time.Second))
+	return max(cfg.StallWindow, need)
+}
+
+// chunkOverdue tells whether a tracked worker has held its chunk past the
+// chunk's allowance.
+func chunkOverdue(ws *workerState, cfg *Config) bool {
+	if !ws.tracked || ws.inFlight == nil {
+		return false
+	}
+	allowance := chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg)
+	return ws.inFlight.Seconds >= allowance.Seconds()
 }
 
 // rankWedged tells whether the scheduler loop stopped while requests wait.
@@ -50,19 +177,29 @@ func gaugePinned(g *gaugeState, m *metricsState, now time.Time, cfg *Config) boo
 
 // Rules of a transfer wedge, as logged.
 const (
+	// Ranks without transfer_progress (round 2 and 3 fields).
 	wedgeInFlight  = "in_flight"
-	wedgeOrphaned  = "orphaned_transfer"
 	wedgeSuspected = "suspected"
+	// Ranks with transfer_progress: the worker's chunk is overdue and its
+	// room, still listed, is past the deadline.
+	wedgeOverdue = "overdue_chunk"
+	// Both: the chunk's room left the queue while the worker still waits
+	// on it.
+	wedgeOrphaned = "orphaned_transfer"
 )
 
 // unknownQueue keys a wedge whose transfer queue is not known.
 const unknownQueue = -1
 
+// noChunk is the chunk of a wedge diagnosed without transfer_progress.
+const noChunk = -1
+
 // transferWedges diagnoses the wedged transfer queues of a rank (in SGLang
-// v0.5.18, NixlKVManager.transfer_worker in
-// python/sglang/srt/disaggregation/nixl/conn.py handles one chunk at a time
-// and polls its handles with no deadline, so a handle that never completes
-// holds every later room on its queue):
+// v0.5.18, the transfer_worker of nixl/conn.py and mooncake/conn.py handles
+// one chunk at a time and waits for it with no deadline, so a chunk that
+// never completes holds every later room on its queue). Ranks with
+// transfer_progress are judged by progressWedges; the others by the
+// round-2 rules:
 //   - a room with a transfer in flight that is stuck (old, no change for the
 //     stall window while the loop ran) wedges its queue;
 //   - an orphaned transfer on queue Q, listed for the stall window, wedges
@@ -71,6 +208,10 @@ const unknownQueue = -1
 //     force-fails leave as well);
 //   - with an older plugin (no transfer_in_flight), two or more stuck rooms
 //     in Transferring make the rank suspected (queue unknown).
+//
+// Those rules cannot tell a slow chunk from a stuck one, so on such ranks a
+// wedge is reported and alerted on but never acted on (no wedge order, no
+// restart: wedgeActionable).
 //
 // A diagnosed wedge holds while its evidence lasts (an orphan or a stuck
 // in-flight room on its queue), so that releasing the in-flight room, which
@@ -85,17 +226,78 @@ func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 	if !rk.loopAdvancing {
 		return rk.wedges
 	}
+	var out map[int]*transferWedge
+	if rk.progress {
+		out = progressWedges(rk, cfg)
+	} else {
+		out = stallWedges(rk, now, cfg)
+	}
+	for q, w := range out {
+		if prev, ok := rk.wedges[q]; ok && prev.diagnosed == w.diagnosed {
+			w.since = prev.since
+		} else if w.since.IsZero() {
+			w.since = now
+		}
+	}
+	return out
+}
+
+// progressWedges diagnoses the wedges of a rank with transfer_progress:
+// queue q is wedged when its worker's chunk is overdue (chunkOverdue) and
+// the chunk's room is listed and past the deadline, or is not listed (an
+// orphan) and the chunk has been held for the deadline. A wedge holds while
+// the same chunk stays in the worker's hands, even once its room is gone:
+// the order that fails the rooms turns it into an orphan. Nothing else
+// (no stall of rooms, no orphan on its own) makes a wedge here.
+func progressWedges(rk *rankState, cfg *Config) map[int]*transferWedge {
+	out := map[int]*transferWedge{}
+	var listed map[uint64]*roomState
+	for q, ws := range rk.workers {
+		c := ws.inFlight
+		if !ws.tracked || c == nil {
+			continue
+		}
+		if prev, ok := rk.wedges[q]; ok && prev.chunk == c.Chunk {
+			out[q] = prev
+			continue
+		}
+		if !chunkOverdue(ws, cfg) {
+			continue
+		}
+		if listed == nil {
+			listed = make(map[uint64]*roomState, len(rk.rooms))
+			for key, r := range rk.rooms {
+				listed[key.room] = r
+			}
+		}
+		rule := wedgeOverdue
+		if r, ok := listed[c.BootstrapRoom]; ok {
+			if r.age < cfg.Deadline.Seconds() {
+				continue
+			}
+		} else if c.Seconds < cfg.Deadline.Seconds() {
+			continue
+		} else {
+			rule = wedgeOrphaned
+		}
+		out[q] = &transferWedge{diagnosed: true, rule: rule, room: c.BootstrapRoom, chunk: c.Chunk}
+	}
+	return out
+}
+
+// stallWedges applies the round-2 rules (transferWedges).
+func stallWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transferWedge {
 	out := map[int]*transferWedge{}
 	evidence := map[int]bool{}
 	waiting := map[int]bool{} // a room on the queue waited the stall window unchanged
 	suspects := 0
 	var suspectRoom uint64
 	for key, r := range rk.rooms {
-		stuck := roomStuck(r, rk, now, cfg)
+		stuck := roomStuck(key.room, r, rk, now, cfg)
 		if r.inFlightKnown && r.inFlight && stuck {
 			evidence[r.queue] = true
 			if _, ok := out[r.queue]; !ok {
-				out[r.queue] = &transferWedge{diagnosed: true, rule: wedgeInFlight, room: key.room}
+				out[r.queue] = &transferWedge{diagnosed: true, rule: wedgeInFlight, room: key.room, chunk: noChunk}
 			}
 		}
 		if !r.inFlightKnown && stuck && r.poll == "Transferring" {
@@ -117,7 +319,7 @@ func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 		if changed, ok := rk.queueChange[o.queue]; ok && now.Sub(changed) < cfg.StallWindow {
 			continue
 		}
-		out[o.queue] = &transferWedge{diagnosed: true, rule: wedgeOrphaned, room: room}
+		out[o.queue] = &transferWedge{diagnosed: true, rule: wedgeOrphaned, room: room, chunk: noChunk}
 	}
 	for q, prev := range rk.wedges {
 		if _, ok := out[q]; !ok && prev.diagnosed && evidence[q] {
@@ -126,29 +328,18 @@ func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 	}
 	if suspects >= 2 {
 		if _, ok := out[unknownQueue]; !ok {
-			out[unknownQueue] = &transferWedge{rule: wedgeSuspected, room: suspectRoom}
-		}
-	}
-	for q, w := range out {
-		if prev, ok := rk.wedges[q]; ok && prev.diagnosed == w.diagnosed {
-			w.since = prev.since
-		} else if w.since.IsZero() {
-			w.since = now
+			out[unknownQueue] = &transferWedge{rule: wedgeSuspected, room: suspectRoom, chunk: noChunk}
 		}
 	}
 	return out
 }
 
-// failFastEligible tells whether a room is queued behind a diagnosed
-// transfer wedge on its rank and can never finish: its queue is wedged, it
-// has no transfer in flight (so its pages are not being written) and it
-// has not changed since first sight. Health checks never are.
-func failFastEligible(r *roomState, rk *rankState) bool {
-	if r.health || !r.inFlightKnown || r.inFlight || r.queue == unknownQueue || !r.lastChange.Equal(r.firstSeen) {
-		return false
-	}
-	w, ok := rk.wedges[r.queue]
-	return ok && w.diagnosed && rk.loopAdvancing
+// wedgeActionable tells whether a wedge may be acted on (a wedge order, a
+// restart): only one diagnosed from transfer_progress, whose chunk is
+// known to be overdue for its size. The round-2 rules take a slow healthy
+// chunk for a wedge, and act on nothing.
+func wedgeActionable(tw *transferWedge) bool {
+	return tw.diagnosed && tw.chunk != noChunk
 }
 
 // decodeClearance is what the safety rule allows for one decode request.

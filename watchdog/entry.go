@@ -19,6 +19,8 @@ type entry struct {
 	inFlight *bool
 	queue    *int
 	tracked  bool
+	// chunksQueued is the room's chunks_queued (round 4), 0 when unknown.
+	chunksQueued int
 	// Decode only.
 	dqueue  string
 	started bool
@@ -52,6 +54,9 @@ func entries(l *pluginapi.Listing) []entry {
 		r := &l.Inflight[i]
 		out[i] = entry{rid: r.RID, room: r.BootstrapRoom, addr: r.BootstrapAddr, poll: r.Poll, age: r.AgeSeconds, progress: r.Progress,
 			health: r.HealthCheck, prompt: r.PromptTokens, inFlight: r.TransferInFlight, queue: r.TransferQueue, tracked: tracked}
+		if r.ChunksQueued != nil {
+			out[i].chunksQueued = *r.ChunksQueued
+		}
 	}
 	return out
 }

@@ -22,9 +22,12 @@ import (
 // to its parent process; the plugin sends it to SGLang's launcher, the top of
 // the tree, since under DP the parent is the DataParallelController, which
 // has no SIGQUIT handler). The watchdog asks the plugin to do the same,
-// only for a diagnosed (never a suspected) wedge that a re-read still
+// only for an actionable wedge (a chunk overdue for its size at the link's
+// measured speed, its room past the deadline: wedgeActionable) that held
+// for the restart window (the stall window) and that a re-read still
 // shows, at most once per RestartMinInterval for the pod and never twice
-// for the same process.
+// for the same process. A wedge diagnosed without transfer_progress is
+// never escalated: those rules take a slow healthy chunk for a wedge.
 
 // procKey names one scheduler process: a restart that reuses the pid is
 // still a new process (rankState.gen).
@@ -64,7 +67,7 @@ func (w *Watchdog) restartCandidate() *escalation {
 		}
 		queues := make([]int, 0, len(rk.wedges))
 		for q, tw := range rk.wedges {
-			if tw.diagnosed {
+			if wedgeActionable(tw) && w.clock.Now().Sub(tw.since) >= w.cfg.StallWindow {
 				queues = append(queues, q)
 			}
 		}
@@ -88,13 +91,13 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		level.Warn(w.logger).Log("msg", "restart not requested: re-reading the listing failed", "target", rk.status.target, "err", err)
 		return nil
 	}
-	if l.Server.PID != e.proc.pid || l.Loop.Iterations < e.iterations || !wedgeEvidence(l, e.wedge.room) {
+	if l.Server.PID != e.proc.pid || l.Loop.Iterations < e.iterations || !wedgeEvidence(l, e.queue, e.wedge.chunk) {
 		level.Info(w.logger).Log("msg", "restart not requested: the wedge's evidence is gone on re-read", "target", rk.status.target,
-			"pid", l.Server.PID, "transfer_queue", e.queue, "room", e.wedge.room)
+			"pid", l.Server.PID, "transfer_queue", e.queue, "chunk", e.wedge.chunk, "room", e.wedge.room)
 		return nil
 	}
 	dry := e.mode == ModeDryRun
-	reason := fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, room %d) for %s", e.queue, e.wedge.rule, e.wedge.room, w.clock.Now().Sub(e.wedge.since).Round(time.Second))
+	reason := fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, chunk %d of room %d) for %s", e.queue, e.wedge.rule, e.wedge.chunk, e.wedge.room, w.clock.Now().Sub(e.wedge.since).Round(time.Second))
 	var (
 		status int
 		resp   *pluginapi.RestartResponse
@@ -122,7 +125,7 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 	}
 	w.restarts[result]++
 	fields := []interface{}{"msg", "restart escalation", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
-		"pid", e.proc.pid, "transfer_queue", e.queue, "rule", e.wedge.rule, "room", e.wedge.room, "mode", e.mode,
+		"pid", e.proc.pid, "transfer_queue", e.queue, "chunk", e.wedge.chunk, "rule", e.wedge.rule, "room", e.wedge.room, "mode", e.mode,
 		"http_status", status, "result", result, "reason", reason}
 	if resp != nil && resp.Error != "" {
 		fields = append(fields, "plugin_error", resp.Error)
@@ -145,17 +148,12 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		Queue: e.queue, Result: result, Reason: e.wedge.rule}}
 }
 
-// wedgeEvidence tells whether a listing still shows the room a wedge was
-// diagnosed on: in flight in the queue, or orphaned.
-func wedgeEvidence(l *pluginapi.Listing, room uint64) bool {
-	for _, r := range l.Inflight {
-		if r.BootstrapRoom == room && r.TransferInFlight != nil && *r.TransferInFlight {
-			return true
-		}
-	}
-	for _, o := range l.OrphanedTransfers {
-		if o.BootstrapRoom == room {
-			return true
+// wedgeEvidence tells whether a listing still shows the wedged chunk in
+// the hands of queue's worker: the worker took nothing since.
+func wedgeEvidence(l *pluginapi.Listing, queue int, chunk int64) bool {
+	for _, tw := range l.TransferWorkers {
+		if tw.TransferQueue == queue {
+			return tw.InFlight != nil && tw.InFlight.Chunk == chunk
 		}
 	}
 	return false

@@ -531,23 +531,9 @@ func TestNoWedgeWhileTheLoopStallsOrTheSourceIsDown(t *testing.T) {
 
 // --- Fail-fast -------------------------------------------------------------------
 
-// failFastRank has a diagnosed wedge on queue 2 (an orphan), then new rooms
-// arrive: behind the wedge, on another queue, in flight, a health check.
-func failFastRank(t *testing.T, mutate func(*Config)) (*multi, *fakePlugin) {
-	p := newFakePlugin("http://127.0.0.1:28100", 0)
-	h := newMulti(t, []*fakePlugin{p}, mutate)
-	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
-	p.set(r2room("old", 2, 0, 2, false))
-	h.tick(31)
-	if w, _ := wedgeState(h, 0); !w {
-		t.Fatal("setup: no wedge")
-	}
-	hc := r2room("HEALTH_CHECK_1", 0, 0, 2, false)
-	hc.HealthCheck = true
-	p.set(r2room("old", 2, 30, 2, false), r2room("behind", 10, 0, 2, false), r2room("elsewhere", 11, 0, 0, false),
-		r2room("inflight", 12, 0, 2, true), hc)
-	return h, p
-}
+// Fail-fast is a wedge order, on ranks with transfer_progress only
+// (round4_test.go); without it nothing but the deadline path acts
+// (TestNoFailFastNorRestartWithoutTransferProgress).
 
 func calledRIDs(p *fakePlugin) map[string]int {
 	p.mu.Lock()
@@ -559,110 +545,17 @@ func calledRIDs(p *fakePlugin) map[string]int {
 	return out
 }
 
-func TestFailFastOnlyRoomsBehindTheWedge(t *testing.T) {
-	h, p := failFastRank(t, func(c *Config) { c.FailFast, c.FailFastPerMinute = true, 100 })
-	h.tick(2)
-	got := calledRIDs(p)
-	if got["old"] != 1 || got["behind"] != 1 || len(got) != 2 {
-		t.Fatalf("fail-fast called %v, want only the rooms queued behind the wedge", got)
-	}
-	if p.calls[0].DryRun {
-		t.Fatal("auto mode sent a dry run")
-	}
-	if h.eventsOf(EventForceFail)[0].Trigger != TriggerFailFast {
-		t.Fatalf("trigger %q", h.eventsOf(EventForceFail)[0].Trigger)
-	}
-	// "elsewhere" is judged as before: stuck after its deadline.
-	h.tick(60)
-	if calledRIDs(p)["elsewhere"] != 1 || calledRIDs(p)["HEALTH_CHECK_1"] != 0 {
-		t.Fatalf("calls %v", calledRIDs(p))
-	}
-}
-
-func TestFailFastNeverAProgressedRoom(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:28100", 0)
-	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.FailFast, c.FailFastPerMinute = true, 100 })
-	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
-	p.set(r2room("moved", 2, 0, 2, false))
-	h.tick(5)
-	p.progress("moved") // seen changing: it is not behind a dead worker
-	h.tick(31)
-	if w, _ := wedgeState(h, 0); !w {
-		t.Fatal("setup: no wedge")
-	}
-	if n := len(calledRIDs(p)); n != 0 {
-		t.Fatalf("fail-fast called %v", calledRIDs(p))
-	}
-	// racer moves between the decision and the call: the re-read cancels.
-	p.set(append(p.rooms, r2room("racer", 21, 0, 2, false))...)
-	p.beforeRead = func(int) { p.progress("racer") }
-	h.tick(3)
-	if n := len(calledRIDs(p)); n != 0 {
-		t.Fatalf("fail-fast called %v", calledRIDs(p))
-	}
-	if h.wd.Snapshot().Skips[SkipProgressed] != 1 {
-		t.Fatalf("skips %v, want racer cancelled as progressed", h.wd.Snapshot().Skips)
-	}
-}
-
-func TestFailFastOffAndBudget(t *testing.T) {
-	h, p := failFastRank(t, func(c *Config) { c.FailFast = false })
-	h.tick(2)
-	if len(calledRIDs(p)) != 0 {
-		t.Fatal("fail-fast acted with its flag off")
-	}
-	h, p = failFastRank(t, func(c *Config) { c.FailFast, c.FailFastPerMinute, c.Mode = true, 100, ModeOff })
-	h.tick(2)
-	if len(calledRIDs(p)) != 0 || h.wd.Snapshot().Skips[SkipModeOff] != 0 {
-		t.Fatalf("mode off: calls %v, skips %v; want nothing, and no stuck request to count", calledRIDs(p), h.wd.Snapshot().Skips)
-	}
-	// A budget of 1 per minute, apart from max-per-minute.
-	h, p = failFastRank(t, func(c *Config) { c.FailFast, c.FailFastPerMinute, c.MaxPerMinute = true, 1, 6 })
-	h.tick(2)
-	if n := len(calledRIDs(p)); n != 1 || h.wd.Snapshot().Skips[SkipRateLimited] != 1 {
-		t.Fatalf("calls %v, skips %v; want one call and one rate-limited", calledRIDs(p), h.wd.Snapshot().Skips)
-	}
-	// Dry-run mode sends dry runs.
-	h, p = failFastRank(t, func(c *Config) { c.FailFast, c.FailFastPerMinute, c.Mode = true, 100, ModeDryRun })
-	h.tick(2)
-	if len(p.calls) != 2 || !p.calls[0].DryRun || h.count(ResultWouldFlip, TriggerFailFast) != 2 {
-		t.Fatalf("dry-run fail-fast: calls %+v", p.calls)
-	}
-}
-
-func TestFailFastOnEveryPPStage(t *testing.T) {
-	stages := ppStages(0, 2)
-	h := newMulti(t, stages, func(c *Config) { c.FailFast, c.FailFastPerMinute = true, 100 })
-	// Stage 0's queue 2 is wedged; stage 1 has no wedge of its own.
-	stages[0].orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
-	stages[0].set(r2room("old", 2, 0, 2, false))
-	stages[1].set(r2room("old", 2, 0, 1, false))
-	h.tick(31)
-	if w, _ := wedgeState(h, 0); !w {
-		t.Fatal("setup: no wedge on stage 0")
-	}
-	stages[0].set(r2room("behind", 10, 0, 2, false))
-	stages[1].set(r2room("behind", 10, 0, 1, false))
-	h.tick(1)
-	if calledRIDs(stages[0])["behind"] != 1 || calledRIDs(stages[1])["behind"] != 1 {
-		t.Fatalf("calls %v, %v; want the request failed on both stages", calledRIDs(stages[0]), calledRIDs(stages[1]))
-	}
-	if holds(stages[0], "behind") || holds(stages[1], "behind") {
-		t.Fatal("the request was not released on both stages")
-	}
-	evs := h.eventsOf(EventForceFail)
-	if last := evs[len(evs)-1]; last.Trigger != TriggerFailFast || !strings.Contains(last.Stages, "pp1=flipped(200)[abort]") {
-		t.Fatalf("event %+v", last)
-	}
-}
-
 // --- Restart escalation ------------------------------------------------------
 
+// wedgedRank is a rank with transfer_progress whose queue 2 worker has
+// held chunk 1 of room 1, gone from the queue, for the deadline: a wedge
+// diagnosed at the first fresh listing (the second), escalated once it held
+// for the stall window.
 func wedgedRank(target string, dp, pid int) *fakePlugin {
-	p := newFakePlugin(target, dp)
-	p.server.PID = pid
-	p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 1, TransferQueue: intp(2), OutstandingChunks: 1}}
-	p.set(r2room("behind", 10, 0, 2, false))
+	p := progressRank(target, 3)
+	p.server.DPRank, p.server.PID = dp, pid
+	p.hold(2, 1, 1, 64, 60)
+	p.set(r4room("behind", 10, 0, 2, 1))
 	return p
 }
 
@@ -686,8 +579,8 @@ func TestRestartDryRunOncePerProcess(t *testing.T) {
 
 func TestRestartOncePerPIDAndPerInterval(t *testing.T) {
 	a := wedgedRank("http://127.0.0.1:28100", 0, 7)
-	b := newFakePlugin("http://127.0.0.1:28101", 1)
-	b.server.PID = 8
+	b := progressRank("http://127.0.0.1:28101", 1)
+	b.server.DPRank, b.server.PID = 1, 8
 	h := newMulti(t, []*fakePlugin{a, b}, func(c *Config) {
 		c.Mode = ModeOff
 		c.RestartMode, c.RestartMinInterval = ModeAuto, 30*time.Minute
@@ -696,13 +589,13 @@ func TestRestartOncePerPIDAndPerInterval(t *testing.T) {
 	a.restartAnswer = func(req pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error) {
 		return http.StatusForbidden, &pluginapi.RestartResponse{Result: pluginapi.ResultRestartDisabled, PID: req.PID, Error: "not allowed"}, nil
 	}
-	h.tick(31)
+	h.tick(32)
 	if a.restartCount() != 1 || a.restarts[0].PID != 7 || a.restarts[0].DryRun {
 		t.Fatalf("restarts %+v, want one real call for pid 7", a.restarts)
 	}
 	// Another rank of the pod wedges within the interval: no restart.
-	b.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 5, TransferQueue: intp(0), OutstandingChunks: 1}}
-	b.set(r2room("x", 6, 0, 0, false))
+	b.hold(0, 1, 5, 64, 60)
+	b.set(r4room("x", 6, 0, 0, 1))
 	h.tick(29 * 60)
 	if a.restartCount() != 1 || b.restartCount() != 0 {
 		t.Fatalf("restarts %d, %d within the interval", a.restartCount(), b.restartCount())
@@ -777,7 +670,7 @@ func TestRestartSourceDownThenNewProcess(t *testing.T) {
 		c.Mode = ModeAuto
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
 	})
-	h.tick(31)
+	h.tick(32)
 	if p.restartCount() != 1 {
 		t.Fatalf("restarts %d", p.restartCount())
 	}
@@ -797,8 +690,9 @@ func TestRestartSourceDownThenNewProcess(t *testing.T) {
 	p.listErr = nil
 	p.iterations = 0
 	p.mu.Unlock()
-	p.set(r2room("behind2", 20, 0, 2, false))
-	h.tick(31)
+	p.set(r4room("behind2", 20, 0, 2, 1))
+	p.hold(2, 1, 1, 64, 60)
+	h.tick(32)
 	if p.restartCount() != 2 {
 		t.Fatalf("restarts %d, want the new process restarted too", p.restartCount())
 	}
@@ -810,13 +704,11 @@ func TestRestartNeedsTheEvidenceOnReRead(t *testing.T) {
 		c.Mode = ModeOff
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
 	})
-	h.tick(29)
-	// The orphan settles between the cycle's read and the re-read.
+	h.tick(31)
+	// The chunk settles between the cycle's read and the re-read.
 	p.beforeRead = func(read int) {
-		if read == 31 {
-			p.mu.Lock()
-			p.orphans = nil
-			p.mu.Unlock()
+		if read == 33 {
+			p.finish(2)
 		}
 	}
 	h.tick(1)

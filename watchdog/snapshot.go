@@ -35,6 +35,7 @@ type Snapshot struct {
 	LedgerRooms    int
 	Webhook        map[string]uint64
 	Restarts       map[string]uint64 // every restart result present
+	WedgeOrders    map[string]uint64 // every OrderResults value present
 	TrackedRooms   int
 	RoomLimitHits  uint64
 	LastCycle      time.Duration
@@ -103,6 +104,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 		Roles:          []string{RolePrefill},
 		Webhook:        map[string]uint64{},
 		Restarts:       map[string]uint64{},
+		WedgeOrders:    map[string]uint64{},
 		TrackedRooms:   w.tracked,
 		RoomLimitHits:  w.limits,
 		LastCycle:      w.lastCycle,
@@ -132,6 +134,9 @@ func (w *Watchdog) Snapshot() Snapshot {
 	}
 	for _, r := range RestartResults {
 		s.Restarts[r] = w.restarts[r]
+	}
+	for _, r := range OrderResults {
+		s.WedgeOrders[r] = w.wedgeOrders[r]
 	}
 	if m := w.metrics; m != nil && m.status.seen {
 		s.Sources = append(s.Sources, sourceStatus("metrics", &m.status))

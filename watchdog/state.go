@@ -38,6 +38,11 @@ type roomState struct {
 	inFlightKnown bool
 	inFlight      bool
 	queue         int // transfer queue, -1 when unknown
+	// Round 4, on ranks with transfer_progress: the chunk of this room in
+	// its worker's hands (noChunk when none) and its chunks waiting in the
+	// queue (0 when unknown). A change of either is transfer activity.
+	chunk        int64
+	chunksQueued int
 	// Decode requests only: the decode queue (prealloc, transfer) and
 	// whether a transfer into the request's pages may have begun (unknown
 	// counts as started).
@@ -72,8 +77,49 @@ type orphanState struct {
 type transferWedge struct {
 	since     time.Time
 	diagnosed bool   // false: suspected (older plugin, no transfer fields)
-	rule      string // wedgeInFlight, wedgeOrphaned or wedgeSuspected
+	rule      string // wedgeInFlight, wedgeOverdue, wedgeOrphaned or wedgeSuspected
 	room      uint64 // the evidence: the in-flight or orphaned room
+	// chunk is the overdue chunk in the worker's hands (transfer_progress),
+	// noChunk for a wedge diagnosed by the round-2 rules.
+	chunk int64
+}
+
+// workerState is one transfer worker of a rank with transfer_progress, as
+// of the last listing.
+type workerState struct {
+	tracked  bool
+	inFlight *pluginapi.ChunkInFlight // nil while it waits
+	// recent are the last [pages, seconds] samples of finished chunks the
+	// listing reported; kept while a listing reports none, since samples
+	// only come from finished chunks and a wedged worker finishes none.
+	recent [][2]float64
+	// speed is the link speed estimate of this queue (pages/s), refreshed
+	// each cycle; speedKnown is false when there are too few samples.
+	speed      float64
+	speedKnown bool
+}
+
+// wedgeOrder is the watchdog's side of the standing order for one wedged
+// queue (POST /admin/wedge_order).
+type wedgeOrder struct {
+	queue int
+	chunk int64
+	rule  string // of its wedge, for the log of its closing call
+	// placed: the plugin answered ordered at least once (renewals are
+	// free); dryRun: a dry run was answered, and is not repeated.
+	placed, dryRun bool
+	// cleared: the plugin said the worker no longer holds the chunk (409);
+	// nothing is renewed until the listing shows another wedge.
+	cleared bool
+	// budgeted: the order took its slot of the fail-fast budget;
+	// rateLimited: the budget kept it back once already (said once).
+	budgeted, rateLimited bool
+	// baseline is SGLang's transfer-failed counter at the last call: the
+	// rooms an answer reports failed were failed since then.
+	baseline float64
+	// unsupported: the plugin takes no wedge orders (404, 501) or refused
+	// this one; the rooms on the queue are left to the deadline path.
+	unsupported bool
 }
 
 // ageBuckets are the upper bounds of sglang_watchdog_inflight_age_seconds.
@@ -143,6 +189,21 @@ type rankState struct {
 	queueChange map[int]time.Time
 	wedges      map[int]*transferWedge
 	wedgeCount  uint64
+	// progress: the listing reports transfer_progress, so its rooms are
+	// judged by their transfer workers (progressRoomStuck).
+	progress bool
+	workers  map[int]*workerState
+	// orders holds the wedge orders of this process by queue; an entry
+	// lives as long as the queue's wedge. closing holds the orders whose
+	// wedge cleared, for one last call that reports the rooms they failed
+	// since their last renewal (the plugin answers 409 with them).
+	orders  map[int]*wedgeOrder
+	closing []*wedgeOrder
+	// departed holds the rooms that left this cycle's listing while an
+	// order stood: a plugin fails a room at a scheduler pass, often
+	// before the listing read ahead of the call that reports it, and its
+	// audit line and ledger entry need what was known of it.
+	departed    map[roomKey]*roomState
 	leverWarned bool // "no lever works here" was said for this process
 
 	// Verdicts of the last successful cycle; kept while the source is down,
@@ -156,6 +217,15 @@ type rankState struct {
 	oldest       float64
 	dpLabel      int
 	ppLabel      int
+}
+
+// holds tells whether the worker of queue q holds chunk as of the last
+// listing. A closing call is sent only when it does not: chunk numbers
+// only grow, so the plugin can but answer wedge_cleared, and nothing new
+// stands.
+func (rk *rankState) holds(q int, chunk int64) bool {
+	ws := rk.workers[q]
+	return ws != nil && ws.inFlight != nil && ws.inFlight.Chunk == chunk
 }
 
 // name is how a verdict names a prefill rank: by its DP and PP ranks,

@@ -75,6 +75,13 @@ type Restarter interface {
 	Restart(ctx context.Context, order pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
 }
 
+// WedgeOrderer is a PluginSource that takes standing orders for wedged
+// transfer queues (POST /admin/wedge_order, round 4). *pluginapi.Client
+// implements it; a source without it counts every order as unsupported.
+type WedgeOrderer interface {
+	PostWedgeOrder(ctx context.Context, order pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error)
+}
+
 // Mode says what the actuator may do.
 type Mode string
 
@@ -118,8 +125,9 @@ var Results = []string{ResultReleased, ResultUnconfirmed, ResultWouldFlip, Resul
 const (
 	TriggerAuto  = "auto"
 	TriggerAlert = "alert"
-	// TriggerFailFast: a room queued behind a diagnosed transfer wedge,
-	// failed before its deadline (--force-fail.fail-fast).
+	// TriggerFailFast: a room failed by a wedge order, with every room
+	// queued behind the same diagnosed transfer wedge
+	// (--force-fail.fail-fast).
 	TriggerFailFast = "fail_fast"
 )
 
@@ -178,8 +186,11 @@ const (
 	// EventTransferWedged: a transfer queue was diagnosed (or, with an
 	// older plugin, suspected) wedged; Reason says which rule.
 	EventTransferWedged EventKind = "transfer_wedged"
-	EventRestart        EventKind = "restart"
-	EventRankCollision  EventKind = "rank_collision"
+	// EventWedgeOrder: a wedge order was placed, renewed, dry-run or
+	// refused; Result says which (OrderResults).
+	EventWedgeOrder    EventKind = "wedge_order"
+	EventRestart       EventKind = "restart"
+	EventRankCollision EventKind = "rank_collision"
 )
 
 // Event is one decision or action, for the demo's narration and for tests.

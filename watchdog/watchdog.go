@@ -42,11 +42,20 @@ type Config struct {
 	MaxAttempts  int
 	RetryBackoff time.Duration
 
-	// FailFast fails the rooms queued behind a diagnosed transfer wedge at
-	// once (auto mode; dry runs in dry-run mode), under their own budget of
-	// FailFastPerMinute requests over any 60 s, apart from MaxPerMinute.
+	// FailFast sends one wedge order per diagnosed wedge of a rank with
+	// transfer_progress, and renews it while the wedge holds, so that the
+	// plugin fails every room queued behind it at once (auto mode; a dry
+	// run in dry-run mode). FailFastPerMinute bounds the new wedge orders
+	// over any 60 s (renewals are free), apart from MaxPerMinute.
 	FailFast          bool
 	FailFastPerMinute int
+	// FailFastMinAge: a wedge order never fails a room younger than this
+	// (its min_age_seconds); zero means DefaultFailFastMinAge.
+	FailFastMinAge time.Duration
+	// LinkMargin: a chunk in a transfer worker's hands is overdue after
+	// LinkMargin times what its size needs at the slow end of the link's
+	// measured speed (chunkAllowance); zero means DefaultLinkMargin.
+	LinkMargin float64
 	// DecodePerMinute bounds the decode releases over any 60 s, apart from
 	// both prefill budgets; zero means DefaultDecodePerMinute. A decode
 	// rank is exempt from one lever per rank and cycle: a released decode
@@ -96,7 +105,11 @@ func (c *Config) validate() error {
 	case c.ConfirmTimeout <= 0:
 		return errors.New("watchdog: confirm timeout must be positive")
 	case c.FailFastPerMinute < 0:
-		return errors.New("watchdog: max fail-fast requests per minute must not be negative")
+		return errors.New("watchdog: max new wedge orders per minute must not be negative")
+	case c.FailFastMinAge < 0:
+		return errors.New("watchdog: fail-fast min age must not be negative")
+	case !(c.LinkMargin >= 1):
+		return errors.New("watchdog: link margin must be at least 1")
 	case c.DecodePerMinute < 0:
 		return errors.New("watchdog: max decode releases per minute must not be negative")
 	case c.RestartMode != ModeOff && c.RestartMinInterval <= 0:
@@ -153,6 +166,7 @@ type Watchdog struct {
 	// minute, for the rate limits.
 	callTimes [numBudgets][]time.Time
 
+	wedgeOrders map[string]uint64 // by OrderResults
 	restarts    map[string]uint64
 	restarted   map[procKey]bool // processes a restart was asked of (or dry-run for)
 	lastRestart time.Time        // last real restart call, for the per-pod interval
@@ -186,6 +200,12 @@ func New(cfg Config) (*Watchdog, error) {
 	if cfg.LedgerSize <= 0 {
 		cfg.LedgerSize = DefaultLedgerSize
 	}
+	if cfg.LinkMargin == 0 {
+		cfg.LinkMargin = DefaultLinkMargin
+	}
+	if cfg.FailFastMinAge == 0 {
+		cfg.FailFastMinAge = DefaultFailFastMinAge
+	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -206,6 +226,7 @@ func New(cfg Config) (*Watchdog, error) {
 		missingStages: map[rankID]int{},
 		restarts:      map[string]uint64{},
 		restarted:     map[procKey]bool{},
+		wedgeOrders:   map[string]uint64{},
 	}
 	for _, p := range cfg.Plugins {
 		w.ranks = append(w.ranks, &rankState{
@@ -214,6 +235,9 @@ func New(cfg Config) (*Watchdog, error) {
 			rooms:       map[roomKey]*roomState{},
 			orphans:     map[uint64]*orphanState{},
 			queueChange: map[int]time.Time{},
+			workers:     map[int]*workerState{},
+			orders:      map[int]*wedgeOrder{},
+			departed:    map[roomKey]*roomState{},
 		})
 	}
 	if cfg.Metrics != nil {
@@ -432,10 +456,13 @@ func (w *Watchdog) RunCycle(ctx context.Context) {
 		w.ready = true
 	}
 	candidates := w.candidates(now, nil)
+	orders := w.orderCalls()
 	escalation := w.restartCandidate()
 	w.mu.Unlock()
 	w.emit(events)
 
+	// Orders first: one call releases every room behind a wedge.
+	w.emit(w.placeOrders(ctx, orders))
 	w.actuate(ctx, candidates, TriggerAuto, false, start.Add(w.cfg.Interval))
 	if escalation != nil {
 		w.emit(w.restart(ctx, escalation))
@@ -481,6 +508,8 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		clear(rk.orphans)
 		clear(rk.queueChange)
 		clear(rk.wedges)
+		clear(rk.workers)
+		clear(rk.orders)
 	}
 	rk.server = l.Server
 	rk.role = roleOf(l)
@@ -513,6 +542,9 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.iterations = l.Loop.Iterations
 	rk.listed = true
 
+	rk.progress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
+	observeWorkers(rk, l.TransferWorkers)
+
 	rk.cycle++
 	limitHit := false
 	listed := entries(l)
@@ -526,7 +558,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 				continue
 			}
 			r = &roomState{firstSeen: now, lastChange: now, iterAtChange: l.Loop.Iterations, poll: lr.poll, progress: lr.progress,
-				dqueue: lr.dqueue, started: lr.started}
+				dqueue: lr.dqueue, started: lr.started, chunk: rk.chunkOf(lr), chunksQueued: lr.chunksQueued}
 			rk.rooms[key] = r
 			w.tracked++
 		} else if r.poll != lr.poll || r.progress != lr.progress || r.dqueue != lr.dqueue || r.started != lr.started {
@@ -548,6 +580,13 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 				rk.queueChange[r.queue] = now
 			}
 		}
+		chunk := rk.chunkOf(lr)
+		if ok && (chunk != r.chunk || lr.chunksQueued != r.chunksQueued) {
+			// So is a chunk of the room taken up, finished or queued.
+			r.lastChange = now
+			r.iterAtChange = l.Loop.Iterations
+		}
+		r.chunk, r.chunksQueued = chunk, lr.chunksQueued
 		r.inFlightKnown, r.inFlight = inFlightKnown, inFlight
 		r.queue = queueIndex(lr.queue)
 		if _, ok := rk.queueChange[r.queue]; !ok && r.queue != unknownQueue {
@@ -563,11 +602,15 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		w.limits++
 		level.Error(w.logger).Log("msg", "room limit reached; rooms beyond it are not tracked and never acted on", "target", rk.status.target, "max_rooms", w.cfg.MaxRooms, "listed", len(listed))
 	}
+	clear(rk.departed)
 	for key, r := range rk.rooms {
 		if r.seen == rk.cycle {
 			continue
 		}
 		rk.hist.observe(r.age)
+		if len(rk.orders) > 0 {
+			rk.departed[key] = r
+		}
 		delete(rk.rooms, key)
 		w.tracked--
 	}
@@ -590,6 +633,52 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		}
 	}
 	return w.evaluateRank(rk, now)
+}
+
+// observeWorkers folds a listing's transfer_workers into the rank's state
+// and refreshes each queue's link speed estimate. A rank without
+// transfer_progress keeps none.
+func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker) {
+	if !rk.progress {
+		clear(rk.workers)
+		return
+	}
+	seen := make(map[int]bool, len(listed))
+	for i := range listed {
+		tw := &listed[i]
+		ws := rk.workers[tw.TransferQueue]
+		if ws == nil {
+			ws = &workerState{}
+			rk.workers[tw.TransferQueue] = ws
+		}
+		seen[tw.TransferQueue] = true
+		ws.tracked = tw.Tracked
+		ws.inFlight = nil
+		if tw.InFlight != nil {
+			c := *tw.InFlight
+			ws.inFlight = &c
+		}
+		if len(tw.Recent) > 0 {
+			ws.recent = append(ws.recent[:0], tw.Recent...)
+		}
+	}
+	for q := range rk.workers {
+		if !seen[q] {
+			delete(rk.workers, q)
+		}
+	}
+	for q, ws := range rk.workers {
+		ws.speed, ws.speedKnown = linkSpeed(rk.workers, q)
+	}
+}
+
+// chunkOf returns the number of the listed room's chunk in its worker's
+// hands, noChunk when none (or without transfer_progress).
+func (rk *rankState) chunkOf(e *entry) int64 {
+	if ws := rk.workers[queueIndex(e.queue)]; ws != nil && ws.inFlight != nil && ws.inFlight.BootstrapRoom == e.room {
+		return ws.inFlight.Chunk
+	}
+	return noChunk
 }
 
 // evaluateRank recomputes a rank's verdicts and logs transitions. Caller
@@ -622,7 +711,7 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		if r.age > rk.oldest {
 			rk.oldest = r.age
 		}
-		stuck := roomStuck(r, rk, now, &w.cfg)
+		stuck := roomStuck(key.room, r, rk, now, &w.cfg)
 		if stuck {
 			rk.stuck++
 			if st := w.requests[reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}]; st != nil && !st.done && st.lastSkip != "" {
@@ -632,12 +721,21 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		if stuck && !r.stuck {
 			level.Warn(w.logger).Log("msg", "request stuck", "role", rk.role, "rid", key.rid, "room", key.room, "target", rk.status.target,
 				"dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "age", fmt.Sprintf("%.1f", r.age), "poll", r.poll, "progress", r.progress,
-				"reason", fmt.Sprintf("no change of poll or progress for %s while the scheduler loop ran", now.Sub(r.lastChange).Round(time.Second)))
+				"reason", stuckReason(key.room, r, rk, now, &w.cfg))
 			events = append(events, w.roomEvent(EventStuck, rk, key, r))
 		}
 		r.stuck = stuck
 	}
 	return events
+}
+
+// stuckReason says, for the log, what made a room stuck.
+func stuckReason(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) string {
+	if ws := rk.workers[r.queue]; rk.progress && r.dqueue == "" && ws != nil && ws.tracked && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room {
+		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d, past its allowance of %s", ws.inFlight.Chunk, ws.inFlight.Pages,
+			ws.inFlight.Seconds, r.queue, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second))
+	}
+	return fmt.Sprintf("no change of poll, progress or transfer for %s while the scheduler loop ran", now.Sub(r.lastChange).Round(time.Second))
 }
 
 // evaluateTransfers refreshes the rank's transfer wedges, and logs and
@@ -650,17 +748,32 @@ func (w *Watchdog) evaluateTransfers(rk *rankState, now time.Time) []Event {
 			continue
 		}
 		rk.wedgeCount++
-		msg := "transfer queue wedged: its worker waits on a transfer that never completes; only a restart of the server clears it"
-		if !tw.diagnosed {
+		msg := "transfer queue wedged: its worker holds a chunk far past what its size needs at the link's measured speed; only a restart of the server clears it"
+		fields := []interface{}{"target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "pid", rk.server.PID,
+			"transfer_queue", q, "rule", tw.rule, "room", tw.room, "diagnosed", tw.diagnosed, "orphaned_transfers", len(rk.orphans)}
+		switch {
+		case !tw.diagnosed:
 			msg = "transfer queue suspected wedged: two or more stuck requests in Transferring, and this plugin does not report transfer_in_flight"
+		case !wedgeActionable(tw):
+			msg = "transfer queue looks wedged, but this plugin does not report transfer_progress, so a slow transfer cannot be told from a stuck one: no wedge order, no restart; its rooms are released at their deadline"
+		default:
+			ws := rk.workers[q]
+			fields = append(fields, "chunk", tw.chunk, "pages", ws.inFlight.Pages, "held_seconds", fmt.Sprintf("%.1f", ws.inFlight.Seconds),
+				"allowance", chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, &w.cfg).Round(time.Second), "speed_known", ws.speedKnown)
 		}
-		level.Error(w.logger).Log("msg", msg, "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "pid", rk.server.PID,
-			"transfer_queue", q, "rule", tw.rule, "room", tw.room, "diagnosed", tw.diagnosed, "orphaned_transfers", len(rk.orphans))
+		level.Error(w.logger).Log(append([]interface{}{"msg", msg}, fields...)...)
 		events = append(events, Event{Kind: EventTransferWedged, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,
 			Room: tw.room, Queue: q, Reason: tw.rule})
 	}
 	for q, prev := range rk.wedges {
 		if _, ok := wedges[q]; !ok {
+			// Its order is no longer renewed: it lapses within its ttl, if
+			// the plugin has not voided it already. One closing call
+			// collects the rooms it failed since the last renewal.
+			if o := rk.orders[q]; o != nil && o.placed && !o.cleared && !rk.holds(q, o.chunk) {
+				rk.closing = append(rk.closing, o)
+			}
+			delete(rk.orders, q)
 			level.Info(w.logger).Log("msg", "transfer queue no longer wedged", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
 				"transfer_queue", q, "rule", prev.rule, "wedged_for", now.Sub(prev.since).Round(time.Second))
 		}

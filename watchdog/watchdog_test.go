@@ -31,6 +31,12 @@ type fakePlugin struct {
 	// restartAnswer answers POST /admin/restart; nil answers 202.
 	restartAnswer func(pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
 	restarts      []pluginapi.RestartRequest
+	// Round 4: the listing's transfer_workers (server.TransferProgress
+	// says whether it reports them), and POST /admin/wedge_order; nil
+	// orderAnswer plays the plugin (fakePlugin.wedgeOrder).
+	workers     []pluginapi.TransferWorker
+	orderAnswer func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error)
+	orders      []pluginapi.WedgeOrderRequest
 	readHook
 }
 
@@ -68,9 +74,17 @@ func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {
 	if !f.freezeLoop {
 		f.iterations += 100
 	}
+	var workers []pluginapi.TransferWorker
+	for _, tw := range f.workers {
+		if tw.InFlight != nil {
+			c := *tw.InFlight
+			tw.InFlight = &c
+		}
+		workers = append(workers, tw)
+	}
 	return &pluginapi.Listing{APIVersion: 1, Server: f.server, Loop: pluginapi.Loop{Iterations: f.iterations},
 		Queues: pluginapi.Queues{Inflight: len(f.rooms)}, Inflight: append([]pluginapi.Room(nil), f.rooms...),
-		OrphanedTransfers: append([]pluginapi.OrphanedTransfer(nil), f.orphans...)}, nil
+		OrphanedTransfers: append([]pluginapi.OrphanedTransfer(nil), f.orphans...), TransferWorkers: workers}, nil
 }
 
 func (f *fakePlugin) ForceFail(_ context.Context, req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
@@ -112,6 +126,11 @@ func (f *fakePlugin) age(d time.Duration) {
 	defer f.mu.Unlock()
 	for i := range f.rooms {
 		f.rooms[i].AgeSeconds += d.Seconds()
+	}
+	for i := range f.workers {
+		if c := f.workers[i].InFlight; c != nil {
+			c.Seconds += d.Seconds()
+		}
 	}
 }
 

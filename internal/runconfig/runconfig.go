@@ -36,6 +36,8 @@ type Watch struct {
 	// Fail-fast behind a transfer wedge and restart escalation.
 	FailFast           bool
 	FailFastPerMinute  int
+	FailFastMinAge     time.Duration
+	LinkMargin         float64
 	RestartMode        string
 	RestartMinInterval time.Duration
 	RestartStateFile   string
@@ -144,6 +146,8 @@ func Watchdog(o Options, logger log.Logger) (watchdog.Config, error) {
 
 		FailFast:           w.FailFast,
 		FailFastPerMinute:  w.FailFastPerMinute,
+		FailFastMinAge:     w.FailFastMinAge,
+		LinkMargin:         w.LinkMargin,
 		DecodePerMinute:    o.Decode.MaxPerMinute,
 		RestartMode:        watchdog.Mode(w.RestartMode),
 		RestartMinInterval: w.RestartMinInterval,
@@ -154,6 +158,12 @@ func Watchdog(o Options, logger log.Logger) (watchdog.Config, error) {
 	}
 	if o.Decode.MaxPerMinute <= 0 {
 		return watchdog.Config{}, fmt.Errorf("--decode.max-per-minute must be positive, got %d; to release no decode request, run the decode pod's watchdog with --force-fail.mode=off or dry-run", o.Decode.MaxPerMinute)
+	}
+	if w.LinkMargin < 1 {
+		return watchdog.Config{}, fmt.Errorf("--watchdog.link-margin must be at least 1, got %v", w.LinkMargin)
+	}
+	if w.FailFastMinAge <= 0 {
+		return watchdog.Config{}, fmt.Errorf("--watchdog.fail-fast-min-age must be positive, got %s", w.FailFastMinAge)
 	}
 	if w.DecodeDeadline <= 0 {
 		return watchdog.Config{}, fmt.Errorf("--watchdog.decode-deadline must be positive, got %s", w.DecodeDeadline)
