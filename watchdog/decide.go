@@ -10,11 +10,13 @@ import (
 // Defaults of the transfer liveness rules (docs/runbook.md, "Transfer
 // liveness", says why).
 const (
-	// DefaultLinkMargin: a live chunk is judged stuck only after 100 times
+	// DefaultLinkMargin: a live chunk is judged stuck only after 200 times
 	// what its size needs at the slow end of the measured link, so a link
-	// must fall below 1% of that speed for a healthy chunk to be taken for
-	// a stuck one; and even then, never before the deadline.
-	DefaultLinkMargin = 100
+	// must fall below 0.5% of that speed for a healthy chunk to be taken for
+	// a stuck one; and even then, never before the deadline. 100 was tried:
+	// a link at 1% for every queue, with the chunks' ordinary spread, put a
+	// few healthy chunks past it (bench/quality -family slowlink, BENCHMARKS.md).
+	DefaultLinkMargin = 200
 	// DefaultFailFastMinAge: a wedge order never fails a room younger than
 	// this. A room that just arrived may have been queued after the chunk
 	// it waits behind finished, in the same scheduler pass that the
@@ -138,11 +140,14 @@ func lowQuantile(vs []float64) float64 {
 
 // chunkAllowance is how long a live chunk of this many pages may be held
 // before it is judged stuck: LinkMargin times what its size needs at the
-// measured speed, never less than the stall window; the deadline when the
-// speed is unknown.
+// measured speed, never less than the stall window; twice the deadline
+// when the speed is unknown (a rank that finished fewer than
+// minSpeedSamples chunks, as after a start: nothing says how slow its
+// link may be, so a stuck first chunk is released later rather than a
+// slow one failed).
 func chunkAllowance(pages int, speed float64, known bool, cfg *Config) time.Duration {
 	if !known {
-		return cfg.Deadline
+		return 2 * cfg.Deadline
 	}
 	need := time.Duration(cfg.LinkMargin * float64(pages) / speed * float64(time.Second))
 	return max(cfg.StallWindow, need)

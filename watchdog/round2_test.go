@@ -554,7 +554,8 @@ func calledRIDs(p *fakePlugin) map[string]int {
 func wedgedRank(target string, dp, pid int) *fakePlugin {
 	p := progressRank(target, 3)
 	p.server.DPRank, p.server.PID = dp, pid
-	p.hold(2, 1, 1, 64, 60)
+	p.measured(2, 8)
+	p.hold(2, 1, 1, 1, 60)
 	p.set(r4room("behind", 10, 0, 2, 1))
 	return p
 }
@@ -691,7 +692,7 @@ func TestRestartSourceDownThenNewProcess(t *testing.T) {
 	p.iterations = 0
 	p.mu.Unlock()
 	p.set(r4room("behind2", 20, 0, 2, 1))
-	p.hold(2, 1, 1, 64, 60)
+	p.hold(2, 1, 1, 1, 60)
 	h.tick(32)
 	if p.restartCount() != 2 {
 		t.Fatalf("restarts %d, want the new process restarted too", p.restartCount())

@@ -154,11 +154,11 @@ func TestChunkAllowance(t *testing.T) {
 		known bool
 		want  time.Duration
 	}{
-		{"unknown speed: the deadline", 64, 0, false, 60 * time.Second},
-		{"100x what its size needs", 64, 16, true, 400 * time.Second},
+		{"unknown speed: twice the deadline", 64, 0, false, 120 * time.Second},
+		{"200x what its size needs", 64, 16, true, 800 * time.Second},
 		{"a small chunk: the stall window", 1, 64, true, 30 * time.Second},
 		{"aux-only: the stall window", 0, 64, true, 30 * time.Second},
-		{"a huge chunk", 64000, 64, true, 100000 * time.Second},
+		{"a huge chunk", 64000, 64, true, 200000 * time.Second},
 	} {
 		if got := chunkAllowance(tc.pages, tc.speed, tc.known, &cfg); got != tc.want {
 			t.Errorf("%s: allowance %s, want %s", tc.name, got, tc.want)
@@ -197,14 +197,15 @@ func TestProgressRoomStuck(t *testing.T) {
 		want              bool
 	}{
 		// 64 pages at 64 pages/s take 1 s; at 1% of that, 100 s.
-		{"at 10% of the measured speed", true, true, own(64, 10), 200, 0, time.Hour, false, false},
-		{"at 1% of the measured speed", true, true, own(64, 99), 200, 0, time.Hour, false, false},
-		{"past 100x its time", true, true, own(64, 100), 200, 0, time.Hour, false, true},
-		{"a huge chunk within its allowance", true, true, own(64000, 50000), 60000, 0, time.Hour, false, false},
-		{"a huge chunk past its allowance", true, true, own(64000, 100000), 120000, 0, time.Hour, false, true},
+		{"at 10% of the measured speed", true, true, own(64, 10), 300, 0, time.Hour, false, false},
+		{"at 1% of the measured speed", true, true, own(64, 100), 300, 0, time.Hour, false, false},
+		{"at 0.5% of the measured speed, not quite done", true, true, own(64, 199), 300, 0, time.Hour, false, false},
+		{"past 200x its time", true, true, own(64, 200), 300, 0, time.Hour, false, true},
+		{"a huge chunk within its allowance", true, true, own(64000, 100000), 120000, 0, time.Hour, false, false},
+		{"a huge chunk past its allowance", true, true, own(64000, 200000), 240000, 0, time.Hour, false, true},
 		{"overdue, but the room is younger than the deadline", true, true, own(1, 40), 59, 0, time.Hour, false, false},
-		{"unknown speed: within the deadline", false, true, own(64, 59), 200, 0, time.Hour, false, false},
-		{"unknown speed: past the deadline", false, true, own(64, 60), 200, 0, time.Hour, false, true},
+		{"unknown speed: past the deadline, within twice it", false, true, own(64, 119), 200, 0, time.Hour, false, false},
+		{"unknown speed: past twice the deadline", false, true, own(64, 120), 200, 0, time.Hour, false, true},
 		{"queued behind a slow chunk", true, true, other, 5000, 2, time.Hour, false, false},
 		{"queued behind an overdue chunk (the wedge order's)", false, true, other, 5000, 1, time.Hour, false, false},
 		{"silent pin: nothing in flight nor queued, past the stall window", true, true, nil, 61, 0, 31 * time.Second, false, true},
@@ -341,7 +342,9 @@ func wedgedQueue(t *testing.T, mutate func(*Config)) (*multi, *fakePlugin, *fake
 		}
 	})
 	p.set(r4room("head", 1, 0, 0, 0), r4room("b", 2, 0, 0, 1), r4room("c", 3, 0, 0, 2))
-	p.hold(0, 5, 1, 64, 0)
+	// One page at a measured 64 pages/s: its allowance is the stall window.
+	p.measured(0, 8)
+	p.hold(0, 5, 1, 1, 0)
 	return h, p, m
 }
 
@@ -432,7 +435,7 @@ func TestWedgeOrderClearedOnTheWay(t *testing.T) {
 func TestWedgeOrderBudgetCountsWedges(t *testing.T) {
 	h, p, _ := wedgedQueue(t, func(c *Config) { c.FailFastPerMinute = 1 })
 	p.set(append(p.rooms, r4room("other", 4, 0, 1, 0))...)
-	p.hold(1, 9, 4, 64, 0)
+	p.hold(1, 9, 4, 1, 0)
 	h.tick(59)
 	// Queue 1 wedges in the same cycle.
 	h.tick(1)

@@ -91,6 +91,7 @@ type options struct {
 	slowPct      float64
 	duration     time.Duration
 	median       time.Duration
+	linkMargin   float64
 	step         time.Duration
 	stockTimeout time.Duration
 	stockStep    time.Duration
@@ -140,12 +141,13 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the temp dir (OpenMetrics files, TSDB, Prometheus log)")
 	flag.IntVar(&o.parallel, "parallel", runtime.NumCPU(), "replays run at once")
 	flag.DurationVar(&o.deadline, "deadline", 60*time.Second, "--watchdog.deadline of the main runs")
+	flag.Float64Var(&o.linkMargin, "link-margin", 0, "--watchdog.link-margin of the main runs (0: the watchdog's default)")
 	flag.DurationVar(&o.stall, "stall", 30*time.Second, "--watchdog.stall-window of the main runs")
 	flag.DurationVar(&o.hcEvery, "health-checks", 10*time.Second, "SGLang health checks every (round robin over the ranks); 0: none")
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the harness")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the harness at the end")
 	flag.StringVar(&o.family, "family", "default", "trace family: default (the trace above), or slowlink (issue 17's slow-link and wedge matrix, one trace per class; its own defaults: -duration 30m, -healthy 12500, -configs defaults,restart-5m)")
-	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, hung-handle, silent-pin)")
+	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, error-late, hung-handle, silent-pin)")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -158,6 +160,11 @@ func main() {
 		}
 		if !set["configs"] {
 			o.configs = "defaults,restart-5m"
+		}
+		if !set["median"] {
+			// An RDMA-class link: a 2,048-token prompt's KV (about 256 MiB at
+			// 128 KiB a token) in 100 ms; -median 1s replays a slow one.
+			o.median = 100 * time.Millisecond
 		}
 	} else if o.family != "default" {
 		fmt.Fprintf(os.Stderr, "-family: unknown family %q (want default or slowlink)\n", o.family)

@@ -35,12 +35,13 @@ type replayConfig struct {
 	decodeBudget  int  // its --decode.max-per-minute
 	restart       watchdog.Mode
 	restartMin    time.Duration
+	linkMargin    float64 // --watchdog.link-margin; 0: the default
 	collectSeries bool
 }
 
 // configs are the watchdog configurations of the comparison, by name.
 func configs(o options) map[string]replayConfig {
-	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, failFast: true, decode: true, decodeBudget: watchdog.DefaultDecodePerMinute, restart: watchdog.ModeOff}
+	base := replayConfig{step: o.step, watchdog: true, deadline: o.deadline, stall: o.stall, linkMargin: o.linkMargin, failFast: true, decode: true, decodeBudget: watchdog.DefaultDecodePerMinute, restart: watchdog.ModeOff}
 	ffOff, r30, r5, decOff, dec6 := base, base, base, base, base
 	ffOff.failFast = false
 	decOff.decode = false
@@ -189,6 +190,7 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 			Deadline: rc.deadline, StallWindow: rc.stall, PinWindow: 2 * time.Minute, MaxRooms: 100000,
 			Mode: watchdog.ModeAuto, MaxPerMinute: 6, ConfirmTimeout: time.Minute,
 			FailFast: rc.failFast, FailFastPerMinute: 180, RestartMode: rc.restart, RestartMinInterval: rc.restartMin,
+			LinkMargin: rc.linkMargin,
 			OnEvent: func(e watchdog.Event) {
 				switch e.Kind {
 				case watchdog.EventForceFail:

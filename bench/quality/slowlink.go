@@ -58,6 +58,19 @@ func (b *slBuilder) transfer(pages int) time.Duration {
 	return time.Duration(float64(pages) / b.speed * math.Exp(0.5*b.rng.NormFloat64()) * float64(time.Second))
 }
 
+// erroring adds n single-chunk requests whose chunk errors half-way
+// through a transfer planned between min and max.
+func (b *slBuilder) erroring(n int, min, max time.Duration) {
+	for range n {
+		planned := b.uniform(min, max)
+		b.request(b.uniform(2*time.Minute, b.traffic), b.prompt(), func(s *sglangsim.RequestSpec) {
+			s.Behavior = sglangsim.BehaviorTransferFail
+			s.Transfer = planned
+			s.Chunks = 1
+		})
+	}
+}
+
 // request adds a request of `pages` pages at `at` on a random rank; the
 // pointer is good until the next request.
 func (b *slBuilder) request(at time.Duration, pages int, f func(*sglangsim.RequestSpec)) *arrival {
@@ -93,9 +106,9 @@ func slowlinkClasses() []slClass {
 		}
 	}
 	return []slClass{
-		{name: "long-prompt", what: "1% of requests carry 64k-128k-token prompts: 64-128 chunks, 32-64 s at full speed",
+		{name: "long-prompt", what: "1% of requests carry 64k-128k-token prompts: 64-128 chunks, 32-64 times a median prompt's transfer at full speed",
 			add: func(b *slBuilder) { long(b, 0) }},
-		{name: "huge-chunk", what: "1% of requests carry 64k-128k-token prompts in one chunk (32-64 s)",
+		{name: "huge-chunk", what: "1% of requests carry 64k-128k-token prompts in one chunk (32-64 times a median prompt's transfer)",
 			add: func(b *slBuilder) { long(b, 1) }},
 		{name: "link-10pct-one", what: "queue 1 of every rank at 10% speed for 10 min",
 			add: func(b *slBuilder) { b.slowLinks(1, 0.1) }},
@@ -121,16 +134,10 @@ func slowlinkClasses() []slClass {
 					a.abortAfter = 20 * time.Second
 				}
 			}},
-		{name: "error-settle", what: "20 chunks that error after about 94 s (the room fails through SGLang's own path); rooms queue behind them",
-			add: func(b *slBuilder) {
-				for range 20 {
-					b.request(b.uniform(2*time.Minute, b.traffic), b.prompt(), func(s *sglangsim.RequestSpec) {
-						s.Behavior = sglangsim.BehaviorTransferFail
-						s.Transfer = 184 * time.Second // fails half-way through its chunk, about 94 s in
-						s.Chunks = 1
-					})
-				}
-			}},
+		{name: "error-settle", what: "20 chunks that error after 2 to 20 s, as a transport reports a failed transfer (the room fails through SGLang's own path); rooms queue behind them",
+			add: func(b *slBuilder) { b.erroring(20, 4*time.Second, 40*time.Second) }},
+		{name: "error-late", what: "20 chunks that error only after about 94 s, past their allowance: until the error they look exactly like a stuck handle (the limit, not a goal)",
+			add: func(b *slBuilder) { b.erroring(20, 184*time.Second, 184*time.Second) }},
 		{name: "hung-handle", stuck: true, what: "10 stuck handles (one chunk held for ever), traffic queued behind them",
 			add: func(b *slBuilder) {
 				for range 10 {
