@@ -186,6 +186,12 @@ func run(o options) int {
 	row("… still hung at the end", func(r *replayResult, a *analysis) string {
 		return fmt.Sprint(a.byKind[sglangsim.KindBlockedByWedge].held)
 	})
+	row("… of those behind a diagnosed wedge", func(r *replayResult, a *analysis) string {
+		return fmt.Sprint(slAnalyse(r).hungBehindDiagnosed)
+	})
+	row("… error after their wedge's diagnosis, median / p99 / max", func(r *replayResult, a *analysis) string {
+		return dist(slAnalyse(r).afterDiagnosis)
+	})
 	row("… time to their failure (lever), median / p99 / max", func(r *replayResult, a *analysis) string {
 		return dist(a.byKind[sglangsim.KindBlockedByWedge].lat)
 	})

@@ -190,9 +190,12 @@ type slStats struct {
 	released                  int // stuck rooms released (lever or restart)
 	fromAdmission, overDL     []time.Duration
 	afterDiagnosis            []time.Duration
-	hungStuck, hungOther      int
-	diagnoses                 int // transfer_wedged events
-	refused                   int // completable requests refused while the server booted
+	// hungBehindDiagnosed: rooms queued behind a wedge the watchdog had
+	// diagnosed, still in the server at the end.
+	hungBehindDiagnosed  int
+	hungStuck, hungOther int
+	diagnoses            int // transfer_wedged events
+	refused              int // completable requests refused while the server booted
 }
 
 func slAnalyse(r *replayResult) slStats {
@@ -220,6 +223,27 @@ func slAnalyse(r *replayResult) slStats {
 	for _, ts := range wedgeStart {
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
 	}
+	// diagnosis returns the first diagnosis of the wedge that doomed a
+	// stuck room: the last wedging stuck handle on its queue that entered
+	// before it (or itself).
+	diagnosis := func(rec sglangsim.Record) (time.Time, bool) {
+		k := rq{rec.Rank, rec.TransferQueue}
+		var start time.Time
+		for _, t := range wedgeStart[k] {
+			if !t.After(rec.EnteredInflight) {
+				start = t
+			}
+		}
+		if start.IsZero() {
+			return time.Time{}, false
+		}
+		for _, d := range diag[k] {
+			if !d.Before(start) {
+				return d, true
+			}
+		}
+		return time.Time{}, false
+	}
 	for _, rec := range r.records {
 		if rec.Kind == sglangsim.KindHealthCheck {
 			continue
@@ -246,6 +270,9 @@ func slAnalyse(r *replayResult) slStats {
 		if held {
 			if stuck {
 				st.hungStuck++
+				if _, ok := diagnosis(rec); ok && rec.Kind == sglangsim.KindBlockedByWedge {
+					st.hungBehindDiagnosed++
+				}
 			} else {
 				st.hungOther++
 			}
@@ -264,27 +291,12 @@ func slAnalyse(r *replayResult) slStats {
 		if rec.Kind != sglangsim.KindPinStuckHandle && rec.Kind != sglangsim.KindBlockedByWedge {
 			continue
 		}
-		// The wedge that doomed it: the last wedging stuck handle on its
-		// queue that entered before it (or itself), and that wedge's
-		// first diagnosis.
-		k := rq{rec.Rank, rec.TransferQueue}
-		var start time.Time
-		for _, t := range wedgeStart[k] {
-			if !t.After(rec.EnteredInflight) {
-				start = t
+		if d, ok := diagnosis(rec); ok && !rec.Left.Before(d) {
+			from := d
+			if rec.EnteredInflight.After(d) {
+				from = rec.EnteredInflight
 			}
-		}
-		for _, d := range diag[k] {
-			if !d.Before(start) && !start.IsZero() {
-				if !rec.Left.Before(d) {
-					from := d
-					if rec.EnteredInflight.After(d) {
-						from = rec.EnteredInflight
-					}
-					st.afterDiagnosis = append(st.afterDiagnosis, rec.Left.Sub(from))
-				}
-				break
-			}
+			st.afterDiagnosis = append(st.afterDiagnosis, rec.Left.Sub(from))
 		}
 	}
 	return st

@@ -91,7 +91,7 @@ func TestSlowlinkAccounting(t *testing.T) {
 	}
 	st := slAnalyse(r)
 	want := slStats{rooms: 10, completable: 5, stuck: 4, falseFF: 1, falseWedge: 1, forcedFailing: 1, restarts: 1,
-		lostCompletable: 1, released: 3, hungStuck: 1, hungOther: 1, diagnoses: 1, refused: 2,
+		lostCompletable: 1, released: 3, hungStuck: 1, hungBehindDiagnosed: 1, hungOther: 1, diagnoses: 1, refused: 2,
 		fromAdmission:  []time.Duration{75 * time.Second, 62 * time.Second, 500 * time.Millisecond},
 		overDL:         []time.Duration{15 * time.Second, 2 * time.Second, 0},
 		afterDiagnosis: []time.Duration{5 * time.Second, 2 * time.Second, 500 * time.Millisecond}}
