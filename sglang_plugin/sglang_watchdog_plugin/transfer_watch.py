@@ -118,8 +118,10 @@ def _take(queue, item):
         state = queue.__dict__.get(_STATE, _IDLE)
         number = state.taken + 1
         room = getattr(item, "room", None)
-        chunk = Chunk(number, room if room.__class__ is int else -1, _pages(item),
-                      getattr(item, "is_last_chunk", False) is True, time.monotonic())
+        # is_last_chunk from v0.5.11 (Mooncake), is_last before (v0.4.10 to v0.5.3).
+        last = getattr(item, "is_last_chunk", None)
+        last = getattr(item, "is_last", False) if last is None else last
+        chunk = Chunk(number, room if room.__class__ is int else -1, _pages(item), last is True, time.monotonic())
         queue.__dict__[_STATE] = WorkerState(number, chunk, state.recent)
     except Exception:
         pass

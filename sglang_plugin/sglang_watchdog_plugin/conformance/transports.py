@@ -11,8 +11,10 @@ decides per room what a transfer does:
 * ``FAIL``: the transport reports an error (NIXL "ERR", Mooncake -1);
 * ``fail_after(seconds)``: the error comes after that long;
 * a list of those: one per KV chunk of the room, in the order its worker
-  posts them (the last one repeats); the room's metadata (aux) transfer then
-  completes at once.
+  posts them (the last one repeats).
+
+The room's metadata (aux) transfer completes at once once its KV was
+posted; a room with no KV transfer (an aux-only chunk) follows the plan.
 
 On top of that a link speed, in seconds per KV page, for every queue or per
 transfer worker queue (``link_speed``), stretches every KV transfer that is
@@ -126,7 +128,9 @@ class Fabric:
                 link_seconds = speed * (pages[min(index, len(pages) - 1)] if pages else 0)
                 if isinstance(behaviour, list):
                     behaviour = behaviour[min(index, len(behaviour) - 1)]
-            elif isinstance(behaviour, list):
+            elif isinstance(behaviour, list) or self.posted.get(room):
+                # A chunk's time is its KV's: Mooncake posts the aux after the KV on the same worker, which
+                # would count a slow plan twice. Only an aux-only transfer (no KV posted) follows the plan.
                 behaviour = COMPLETE
             transfer = Transfer(room, notif, behaviour, link_seconds)
             self.transfers.append(transfer)
