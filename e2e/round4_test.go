@@ -26,20 +26,6 @@ func decodeStrictly(t *testing.T, what string, body []byte, v interface{}) {
 	}
 }
 
-func getBody(t *testing.T, url string) []byte {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
-	}
-	return b
-}
-
 // wedgeOrder posts a wedge order and decodes the answer strictly.
 func wedgeOrder(t *testing.T, base, token string, req pluginapi.WedgeOrderRequest) (int, pluginapi.WedgeOrderResponse) {
 	t.Helper()
@@ -67,7 +53,7 @@ func TestPythonPluginRound4FieldsDecodeStrictly(t *testing.T) {
 	tok := tokenFile(t, parityToken)
 	pluginURL, _ := startStandin(t, sglangsim.BackendNIXL, tok)
 	var l pluginapi.Listing
-	decodeStrictly(t, "the listing", getBody(t, pluginURL+pluginapi.PathInflight), &l)
+	decodeStrictly(t, "the listing", []byte(getText(t, pluginURL+pluginapi.PathInflight)), &l)
 	if l.Server.TransferProgress == nil || *l.Server.TransferProgress || l.TransferWorkers != nil || l.WedgeOrders == nil {
 		t.Errorf("without worker queues: transfer_progress %v, transfer_workers %v, wedge_orders %v; want false, null, []",
 			l.Server.TransferProgress, l.TransferWorkers, l.WedgeOrders)
@@ -106,7 +92,7 @@ func TestRealCodeServerRound4(t *testing.T) {
 			queue := -1
 			waitFor(t, "a worker to hold the stuck room's chunk", 10*time.Second, func() bool {
 				l = pluginapi.Listing{}
-				decodeStrictly(t, "the listing", getBody(t, srv.pluginURL+pluginapi.PathInflight), &l)
+				decodeStrictly(t, "the listing", []byte(getText(t, srv.pluginURL+pluginapi.PathInflight)), &l)
 				for _, w := range l.TransferWorkers {
 					if w.InFlight != nil && w.InFlight.BootstrapRoom == room {
 						held, queue = w.InFlight, w.TransferQueue
@@ -118,7 +104,7 @@ func TestRealCodeServerRound4(t *testing.T) {
 				srv.admit(t, rid, room+1+uint64(j), "complete")
 			}
 			l = pluginapi.Listing{}
-			decodeStrictly(t, "the listing", getBody(t, srv.pluginURL+pluginapi.PathInflight), &l)
+			decodeStrictly(t, "the listing", []byte(getText(t, srv.pluginURL+pluginapi.PathInflight)), &l)
 			if l.Server.TransferProgress == nil || !*l.Server.TransferProgress || l.TransferWorkers[queue].Depth != 2 {
 				t.Fatalf("listing %+v: want transfer_progress and 2 chunks queued on queue %d", l, queue)
 			}

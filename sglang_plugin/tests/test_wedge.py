@@ -10,9 +10,10 @@ import threading
 import time
 import unittest
 
-from sglang_watchdog_plugin import transfer_watch
+from sglang_watchdog_plugin import capabilities, monitor, transfer_watch, wedge
 
 from . import harness, standins
+from .standins import KVPoll
 
 
 class _Queue:
@@ -151,6 +152,60 @@ class WatchTest(unittest.TestCase):
         harness.wait_until(lambda: transfer_watch.state_of(queue) is not None, message="the next get")
         queue.put(Chunk(6, 4))
         harness.wait_until(lambda: transfer_watch.held_chunk(queue) == 1, message="the first watched take")
+
+
+class WedgeStateTest(unittest.TestCase):
+    """wedge.WedgeOrders without threads: a worker state set by hand, the scheduler's apply() called directly."""
+
+    def setUp(self):
+        self.queue = FastQueue()
+        self.workers = (self.queue,)
+        self.hold(1)
+        self.orders = wedge.WedgeOrders()
+        self.mgr = standins.KVManager()
+
+    def hold(self, number):
+        chunk = transfer_watch.Chunk(number, 7, 4, True, time.monotonic())
+        self.queue.__dict__[transfer_watch._STATE] = transfer_watch.WorkerState(number, chunk, ())
+
+    def order(self, chunk=1, ttl=5.0, dry_run=False):
+        return self.orders.order(self.workers, 0, chunk, ttl, 0.0, "test", dry_run, lambda: [])
+
+    def apply(self, reqs, capabilities_for):
+        facts = {id(r): monitor.RequestFacts(r.rid, r.bootstrap_room, "", 1, 0.0, False, 0) for r in reqs}
+        return self.orders.apply(self.workers, reqs, lambda req, now: facts[id(req)], capabilities_for)
+
+    def test_ineffective_levers_stop_the_order_and_its_next_call_says_so(self):
+        sender = standins.MooncakeKVSender(self.mgr, 3, status=KVPoll.Transferring)
+        sender.abort = lambda: None  # pulled, yet the sender does not read Failed
+        self.assertEqual(self.order().status, 200)
+        self.assertFalse(self.apply([standins.Req("c", 3, sender)],
+                                    lambda s: capabilities.Capabilities((capabilities.ABORT,), "")))
+        self.assertEqual(self.orders.listing(self.workers), [])
+        outcome = self.order()
+        self.assertEqual((outcome.status, outcome.body["result"], outcome.body["failed"]),
+                         (500, "lever_ineffective", []))
+        self.assertEqual(self.order().body["result"], "ordered", "no order stood after the 500")
+
+    def test_renewal_keeps_the_count_and_a_moved_worker_voids_the_order(self):
+        sender = standins.MooncakeKVSender(self.mgr, 4, status=KVPoll.Transferring)
+        self.order()
+        self.assertTrue(self.apply([standins.Req("d", 4, sender)], lambda s: capabilities.detect(
+            type(s), type(s.kv_mgr), "")))
+        outcome = self.order()
+        self.assertEqual([room["rid"] for room in outcome.body["failed"]], ["d"])
+        self.assertEqual(self.orders.listing(self.workers)[0]["rooms_failed"], 1)
+        self.hold(2)
+        self.assertEqual(self.orders.listing(self.workers), [], "a void order is listed")
+        outcome = self.order()
+        self.assertEqual((outcome.status, outcome.body["result"]), (409, "wedge_cleared"))
+        self.assertEqual(self.orders.orders, {})
+
+    def test_dry_run_leaves_a_standing_order_alone(self):
+        self.order(ttl=5.0)
+        outcome = self.order(ttl=0.01, dry_run=True)
+        self.assertEqual(outcome.body["result"], "would_order")
+        self.assertGreater(self.orders.listing(self.workers)[0]["expires_in_seconds"], 4)
 
 
 class WedgeOrderTest(unittest.TestCase):
