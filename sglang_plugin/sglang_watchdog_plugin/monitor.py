@@ -5,7 +5,10 @@ SGLang objects or changes them. It publishes a Snapshot by swapping one
 attribute; the HTTP threads read that snapshot and the loop counters, and
 hand force-fail orders over through a deque. At most MAX_PENDING_ORDERS
 orders wait in it; an HTTP thread that gives up on its order takes it out
-again, so a stuck scheduler loop does not collect them.
+again, so a stuck scheduler loop does not collect them. Standing wedge orders
+(wedge.py) are left for the scheduler thread, which applies them after the
+force-fail orders and before SGLang's pass; the transfer workers' state
+(transfer_watch.py) is written by SGLang's worker threads and only read here.
 
 Cost model, per pass: a counter bump and two length checks when nothing
 changed. When the queue length changed, the snapshot takes the live
