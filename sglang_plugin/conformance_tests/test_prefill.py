@@ -21,6 +21,8 @@ _rooms = iter(range(5000, 100000))
 
 def setUpModule():
     global _RT
+    if _RT is not None:
+        return  # test_liveness.py shares this runtime: one SGLang per process
     if not os.environ.get("SGLANG_SRC"):
         try:
             import importlib.util

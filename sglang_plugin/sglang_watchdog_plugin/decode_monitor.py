@@ -224,6 +224,8 @@ class DecodeMonitor(Monitor):
             "inflight": [],
             "orphaned_transfers": [],
             "decode_requests": [_row(facts, view, queue, now) for _, facts, view, queue in _listed(snapshot)],
+            "transfer_workers": None,
+            "wedge_orders": [],
         }
 
 

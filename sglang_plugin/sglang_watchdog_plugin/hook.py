@@ -16,6 +16,7 @@ import logging
 import threading
 import weakref
 
+from . import transfer_watch
 from .config import Config
 from .decode_monitor import DecodeMonitor
 from .identity import identify
@@ -77,6 +78,8 @@ def install(mixin_class, method=METHOD):
 
     hooked.__sglang_watchdog_hook__ = True
     setattr(mixin_class, method, hooked)
+    if method == METHOD:
+        transfer_watch.install()  # before SGLang builds its KV managers, whose workers start at once
     return True
 
 

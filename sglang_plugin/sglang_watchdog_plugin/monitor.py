@@ -5,7 +5,10 @@ SGLang objects or changes them. It publishes a Snapshot by swapping one
 attribute; the HTTP threads read that snapshot and the loop counters, and
 hand force-fail orders over through a deque. At most MAX_PENDING_ORDERS
 orders wait in it; an HTTP thread that gives up on its order takes it out
-again, so a stuck scheduler loop does not collect them.
+again, so a stuck scheduler loop does not collect them. Standing wedge orders
+(wedge.py) are left for the scheduler thread, which applies them after the
+force-fail orders and before SGLang's pass; the transfer workers' state
+(transfer_watch.py) is written by SGLang's worker threads and only read here.
 
 Cost model, per pass: a counter bump and two length checks when nothing
 changed. When the queue length changed, the snapshot takes the live
@@ -25,7 +28,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from . import capabilities, process_tree
+from . import capabilities, process_tree, transfer_watch
 from .identity import sglang_version
 from .observe import UNKNOWN, observe, outstanding_chunks, poll_name
 from .orders import (
@@ -41,6 +44,7 @@ from .orders import (
     unresponsive,
     unsupported,
 )
+from .wedge import WedgeOrders, would_fail
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
@@ -103,6 +107,9 @@ class Monitor:
         # Whether transfer_in_flight reads the manager's per-room count of
         # outstanding chunks; False (proves nothing) until a manager is seen.
         self.transfer_tracking = False
+        # The manager's transfer worker queues, once every one of them is watched (transfer_watch.py).
+        self.workers = None
+        self.wedges = WedgeOrders()
         # The parent at load, as SGLang's peer recovery records it: a process
         # re-parented since then must not signal its new parent.
         self.parent_pid = os.getppid()
@@ -147,6 +154,7 @@ class Monitor:
             if manager is not None:
                 self.transfer_queues = self._queue_key(manager).count
                 self.transfer_tracking = capabilities.transfer_tracking(manager)
+                self._watch_workers(manager)
         except Exception as e:
             self._cannot_inspect(e, "levers")
         logger.info("sglang-watchdog plugin levers on this SGLang: %s%s", *self._lever_summary())
@@ -178,6 +186,28 @@ class Monitor:
         self._by_class[sender_cls] = caps
         self.capabilities = caps
 
+    def _watch_workers(self, manager):
+        """Reports the manager's transfer workers once each of its queues is a FastQueue the plugin watches.
+
+        The hook's install watched FastQueue before SGLang built its managers;
+        where that could not happen, watching starts now, and each worker is
+        tracked from its next call to get().
+        """
+        queues = getattr(manager, "transfer_queues", None)
+        if not isinstance(queues, (list, tuple)) or not queues:
+            return  # NIXL up to v0.5.11 posts from the scheduler thread; Mooncake v0.4.6 has one queue.Queue
+        if not all(hasattr(queue, "_buf") for queue in queues):
+            return
+        for queue in queues:
+            if not transfer_watch.watched(queue):
+                transfer_watch.install(type(queue))
+        if all(transfer_watch.watched(queue) for queue in queues):
+            self.workers = tuple(queues)
+
+    @property
+    def transfer_progress(self):
+        return self.workers is not None
+
     def _queue_key(self, manager):
         entry = self._queue_keys.get(id(manager))
         if entry is None:
@@ -193,6 +223,8 @@ class Monitor:
             queue = scheduler.disagg_prefill_inflight_queue
             if self._orders:
                 self._handle_orders(lambda order: apply_order(order, queue, self.capabilities_for))
+            if self.wedges.orders and self.wedges.apply(self.workers, queue, self._facts_now, self.capabilities_for):
+                self._handled_order = True
             self._length_before_pass = len(queue)
             if len(queue) != self.snapshot.inflight:
                 self._publish(scheduler, queue, self._newcomers(queue), time.perf_counter())
@@ -324,6 +356,14 @@ class Monitor:
             transfer_queue=self._transfer_queue(req, room),
         )
 
+    def _facts_now(self, req, now):
+        """A live request's facts, with its transfer queue where it can be known by now; None if unnamed."""
+        room = self._rooms.get(id(req))
+        facts = room[1] if room is not None else self._describe(req, now)
+        if facts is not None and facts.transfer_queue is None:
+            facts = facts._replace(transfer_queue=self._transfer_queue(req, facts.bootstrap_room))
+        return facts
+
     def _transfer_queue(self, req, room):
         manager = getattr(getattr(req, "disagg_kv_sender", None), "kv_mgr", None)
         if manager is None:
@@ -333,6 +373,8 @@ class Monitor:
             self.transfer_queues = key.count
         if not self.transfer_tracking:
             self.transfer_tracking = capabilities.transfer_tracking(manager)
+        if self.workers is None:
+            self._watch_workers(manager)
         return capabilities.queue_of(key, manager, room)
 
     def _log_error(self, where):
@@ -382,17 +424,24 @@ class Monitor:
 
     def _server_extras(self):
         """The listing's server fields of this mode alone, after the shared ones."""
-        return {"transfer_tracking": self.transfer_tracking}
+        return {"transfer_tracking": self.transfer_tracking, "transfer_progress": self.transfer_progress}
 
     def _queues_json(self, snapshot, now):
         """The listing's queue counts and rows, after the server and loop fields."""
+        workers = self.workers
+        # Counted here, not at each pass: only a listing needs it.
+        queued = transfer_watch.queued_by_room(workers) if workers is not None else None
+        monotonic = time.monotonic()
         return {
             "queues": {"bootstrap": snapshot.bootstrap, "waiting": snapshot.waiting, "inflight": snapshot.inflight},
-            "inflight": [_room_json(room, now) for room in _listed(snapshot)],
+            "inflight": [_room_json(room, now, queued) for room in _listed(snapshot)],
             "orphaned_transfers": [
                 {"bootstrap_room": room, "transfer_queue": queue, "outstanding_chunks": count}
                 for room, queue, count in snapshot.orphans
             ],
+            "transfer_workers": None if workers is None else [
+                transfer_watch.worker_json(index, queue, monotonic) for index, queue in enumerate(workers)],
+            "wedge_orders": self.wedges.listing(workers) if workers is not None else [],
         }
 
     def force_fail(self, rid, bootstrap_room, reason, dry_run, prefill_stopped=False):
@@ -424,6 +473,24 @@ class Monitor:
         except (ValueError, IndexError):
             pass  # the scheduler thread popped it first (and skips it: it is withdrawn)
         return unresponsive(rid, timeout)
+
+    def wedge_order(self, transfer_queue, chunk, ttl, min_age, reason, dry_run):
+        """POST /admin/wedge_order, on the HTTP thread: wedge.py holds the orders, the scheduler thread applies them."""
+        workers = self.workers
+        if workers is None:
+            return _no_wedge_orders(f"this SGLang's {self.identity.backend} KV manager has no transfer worker "
+                                    "queues that the plugin watches (transfer_progress is false)")
+        caps = self.capabilities
+        if caps is not None and not caps.levers:
+            return _no_wedge_orders(f"no lever releases a request on this SGLang version and backend: {caps.note}",
+                                    caps.note)
+        if transfer_queue >= len(workers):
+            return Outcome(404, {"result": "not_found", "failed": [],
+                                 "error": f"no transfer queue {transfer_queue}: this KV manager has {len(workers)}"})
+        levers = caps.levers if caps is not None else ()
+        return self.wedges.order(
+            workers, transfer_queue, chunk, ttl, min_age, reason, dry_run,
+            lambda: would_fail(_listed(self.snapshot), transfer_queue, min_age, levers, time.perf_counter()))
 
     def _known_facts(self, rid):
         """The facts of the latest observation of this rid (rid, bootstrap_room, health_check), or None."""
@@ -516,7 +583,14 @@ def _length(collection):
         return 0
 
 
-def _room_json(room, now):
+def _no_wedge_orders(error, lever_note=None):
+    body = {"result": "unsupported", "failed": [], "error": f"no wedge order can stand here: {error}"}
+    if lever_note:
+        body["lever_note"] = lever_note
+    return Outcome(501, body)
+
+
+def _room_json(room, now, queued):
     _, facts, poll, progress, send_failed, in_flight = room
     return {
         "rid": facts.rid,
@@ -530,4 +604,5 @@ def _room_json(room, now):
         "health_check": facts.health_check,
         "transfer_in_flight": in_flight,
         "transfer_queue": facts.transfer_queue,
+        "chunks_queued": None if queued is None else queued.get(facts.bootstrap_room, 0),
     }

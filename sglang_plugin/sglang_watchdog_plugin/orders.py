@@ -91,6 +91,14 @@ def apply_order(order, queue, capabilities_for):
     req = next((r for r in queue if getattr(r, "rid", None) == order.rid), None)
     if req is None:
         return not_found(order.rid)
+    return fail_request(order, req, capabilities_for)
+
+
+def fail_request(order, req, capabilities_for):
+    """Scheduler thread: applies an order (rid, bootstrap_room, reason, dry_run) to this inflight request.
+
+    A wedge order (wedge.py) passes one such order per room it fails.
+    """
     room = getattr(req, "bootstrap_room", None)
     sender = getattr(req, "disagg_kv_sender", None)
     refused, capabilities = screen(order, room, getattr(req, "bootstrap_host", None), sender,

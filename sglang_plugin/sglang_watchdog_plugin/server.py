@@ -1,8 +1,10 @@
-"""HTTP listener (prefill and decode): GET /healthz, GET /debug/inflight, POST /admin/force_fail, POST /admin/restart.
+"""HTTP listener (prefill and decode): GET /healthz, GET /debug/inflight, POST /admin/force_fail, POST /admin/restart,
+POST /admin/wedge_order.
 
 The contract is docs/plugin-api.md, including its "Project clarifications".
 Handlers run on the listener's own threads and only read the Monitor's
-published state; force-fail orders are handed to the scheduler thread.
+published state; force-fail orders are handed to the scheduler thread, and
+wedge orders left for it (wedge.py).
 
 Limits, so that no client can pile up threads in the scheduler process: at
 most MAX_CONNECTIONS connections are served at once (one more is answered 503
@@ -24,6 +26,7 @@ from urllib.parse import urlsplit
 
 from .config import admin_allowed, last_restart, record_restart, restart_lock
 from .orders import Outcome, bad_request, unauthorized
+from .wedge import MAX_TTL_S
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
@@ -38,7 +41,7 @@ REQUEST_DEADLINE_S = 10.0
 # Socket timeout of each read and of each write of the answer.
 IO_TIMEOUT_S = 10.0
 _REFUSAL_LOG_INTERVAL_S = 60.0
-_ADMIN_PATHS = ("/admin/force_fail", "/admin/restart")
+_ADMIN_PATHS = ("/admin/force_fail", "/admin/restart", "/admin/wedge_order")
 
 
 def _busy_response(limit):
@@ -244,13 +247,20 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/admin/force_fail":
             outcome = self._force_fail(payload)
             self._send_json(outcome.status, outcome.body)
+        elif path == "/admin/wedge_order":
+            outcome = self._wedge_order(payload)
+            self._send_json(outcome.status, self._for_path(path, outcome.body))
         else:
             self._restart(payload)
 
     @staticmethod
     def _for_path(path, body):
-        # Every answer of /admin/restart names this process.
-        return {**body, "pid": os.getpid()} if path == "/admin/restart" else body
+        # Every answer of /admin/restart names this process; every one of /admin/wedge_order lists failed rooms.
+        if path == "/admin/restart":
+            return {**body, "pid": os.getpid()}
+        if path == "/admin/wedge_order":
+            return {**body, "failed": body.get("failed", [])}
+        return body
 
     def _refusal(self, path):
         config = self.config
@@ -297,6 +307,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(reason, str) or not reason.strip():
             reason = None
         return self.monitor.force_fail(rid, room, reason, dry_run, prefill_stopped)
+
+    def _wedge_order(self, payload):
+        outcome = wedge_order_problem(payload)
+        if outcome is not None:
+            return outcome
+        reason = payload.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            reason = None
+        return self.monitor.wedge_order(payload["transfer_queue"], payload["chunk"], float(payload["ttl_seconds"]),
+                                        float(payload.get("min_age_seconds", 0)), reason,
+                                        payload.get("dry_run", False))
 
     def _restart(self, payload):
         monitor = self.monitor
@@ -435,6 +456,35 @@ def _json_object(body):
     if not isinstance(payload, dict):
         return bad_request("body must be a JSON object")
     return payload
+
+
+def wedge_order_problem(payload):
+    """The 400 answer naming the first field of a wedge order that is missing or wrong, else None."""
+    for field in ("transfer_queue", "chunk"):
+        value = payload.get(field)
+        if field not in payload:
+            return bad_request(f"{field} is required: an integer >= 0")
+        if not (_is_int(value) and value >= 0):
+            return bad_request(f"{field} must be an integer >= 0, not {json.dumps(value)}")
+    ttl = payload.get("ttl_seconds")
+    if "ttl_seconds" not in payload:
+        return bad_request(f"ttl_seconds is required: a number in (0, {MAX_TTL_S:g}]")
+    if not (_is_number(ttl) and 0 < ttl <= MAX_TTL_S):
+        return bad_request(f"ttl_seconds must be a number in (0, {MAX_TTL_S:g}], not {json.dumps(ttl)}")
+    min_age = payload.get("min_age_seconds", 0)
+    if not (_is_number(min_age) and min_age >= 0):
+        return bad_request(f"min_age_seconds must be a number >= 0, not {json.dumps(min_age)}")
+    if not isinstance(payload.get("dry_run", False), bool):
+        return bad_request("dry_run must be a boolean")
+    reason = payload.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        return bad_request("reason must be a string")
+    return None
+
+
+def _is_number(value):
+    # json.loads gives inf and nan for Infinity and NaN: neither is a duration.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
 
 
 def _is_int(value):

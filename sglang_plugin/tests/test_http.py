@@ -161,6 +161,13 @@ class TokenTest(HttpTest):
         self.assertEqual(self.client.request("GET", "/debug/inflight")[0], 200)
         self.assertEqual(self.client.request("GET", "/healthz")[0], 200)
 
+    def test_token_guards_wedge_orders(self):
+        body = {"transfer_queue": 0, "chunk": 1, "ttl_seconds": 5}
+        status, answer = self.client.post_json("/admin/wedge_order", body, token="wrong")
+        self.assertEqual((status, answer["result"], answer["failed"]), (401, "unauthorized", []))
+        status, answer = self.client.post_json("/admin/wedge_order", body, token=self.token)
+        self.assertEqual((status, answer["result"]), (501, "unsupported"), answer)  # list queues: no workers
+
     def test_auth_is_decided_before_the_body(self):
         status, body = self.client.force_fail(None, raw=b"not json")
         self.assertEqual((status, body["result"]), (401, "unauthorized"))

@@ -40,6 +40,14 @@ class Bench:
         self.after_pass = []  # callables run on the scheduler thread after each pass (the server's stats)
         self.scheduler = self._scheduler()
         self.needs_requests = self._pass_needs_requests()
+        transports.fabric.queue_of = self.transfer_queue_of
+
+    def transfer_queue_of(self, room):
+        """The transfer queue SGLang's manager puts this room's chunks in, as the plugin computes it."""
+        from .. import capabilities
+
+        manager = self.prefill_mgr
+        return capabilities.queue_of(capabilities.queue_key(manager), manager, room)
 
     def _scheduler(self):
         return sch.prefill_scheduler(self.rt, self.backend, self.prefill_mgr)
@@ -60,6 +68,7 @@ class Bench:
 
     def stop(self):
         transports.fabric.end_hangs(link.room for link in self.links.values())
+        transports.fabric.link_speed(0.0)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
@@ -223,6 +232,15 @@ class Bench:
                 return r.status, json.load(r)
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
+
+    def worker(self, queue):
+        """The listing's entry of one transfer worker (round 4)."""
+        return self.listing()["transfer_workers"][queue]
+
+    def wedge_order(self, queue, chunk, ttl=10.0, min_age=0.0, dry_run=False):
+        return self.post("/admin/wedge_order", {"transfer_queue": queue, "chunk": chunk, "ttl_seconds": ttl,
+                                                "min_age_seconds": min_age, "reason": "conformance",
+                                                "dry_run": dry_run})
 
     def force_fail(self, req, dry_run=False):
         return self.post("/admin/force_fail", {"rid": req.rid, "bootstrap_room": req.bootstrap_room,

@@ -192,7 +192,10 @@ class Runtime:
         mode = self.Mode.PREFILL if mode == "prefill" else self.Mode.DECODE
         if backend == "mooncake":
             self._shared_mooncake_engine()
-        args = [self.kv_args(backend, mode), mode, self._server_args_for(backend), False]
+        # is_mla_backend on Mooncake: its MHA layout splits the pool's buffers into K and V halves, which
+        # leaves the one-buffer pool here no layer to send, so its KV would never reach the transport;
+        # the MLA layout sends that buffer as the one layer it is. NIXL sends it either way.
+        args = [self.kv_args(backend, mode), mode, self._server_args_for(backend), backend == "mooncake"]
         args = args[: len(inspect.signature(Manager).parameters)]
         try:
             return Manager(*args)

@@ -81,7 +81,8 @@ class Link:
         args = decode_mgr.kv_args
         item = args.kv_item_lens[0]
         transports.fabric.claim(room, args.kv_data_ptrs[0] + slot * pages * item, pages * item)
-        transports.fabric.claim(room, args.aux_data_ptrs[0] + slot * args.aux_item_lens[0], args.aux_item_lens[0])
+        transports.fabric.claim(room, args.aux_data_ptrs[0] + slot * args.aux_item_lens[0], args.aux_item_lens[0],
+                                aux=True)
 
     def bootstrap(self, timeout=10.0):
         """What decode's prealloc does: fetch the prefill's layout, then send the destination pages."""
@@ -103,6 +104,7 @@ class Link:
         params = inspect.signature(init).parameters
         init(*[self.pages, self.aux_index][: len(params)])
         per = max(1, self.pages // chunks)
+        transports.fabric.chunk_pages(self.room, [min(per, self.pages - start) for start in range(0, self.pages, per)])
         # Earliest releases: send(kv_indices, index_slice, is_last), the page slice and the last-chunk flag
         # given by the caller (send_kv_chunk) rather than counted by the sender.
         sliced = "index_slice" in inspect.signature(self.sender.send).parameters

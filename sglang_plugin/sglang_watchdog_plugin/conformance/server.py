@@ -18,10 +18,21 @@ release loads it. The plugin serves its own endpoints on its own listener
   has one, else the length) through the collector's own ``log_stats``. Where
   the collector does not import or construct, or lacks a family, the
   project's minimal equivalent serves it, and the output says so.
-* ``POST /scenario/admit`` ``{"room": 7001, "behaviour": "hang"|"complete"|"fail"|"slow:5", "rid": "optional"}``:
-  admits a request the way SGLang does (bootstrapped sender and receiver,
-  the KV sent, the request appended to the inflight queue on the scheduler
-  thread); answers ``{"rid", "bootstrap_room"}`` once the plugin lists it.
+* ``POST /scenario/admit`` ``{"room": 7001, "behaviour": "hang"|"complete"|"fail"|"slow:5"|"fail:5", "rid":
+  "optional", "chunks": 1}``: admits a request the way SGLang does
+  (bootstrapped sender and receiver, the KV sent in ``chunks`` chunks (1 to
+  4; the request has 4 pages), the request appended to the inflight queue on
+  the scheduler thread); answers ``{"rid", "bootstrap_room",
+  "transfer_queue"}`` once the plugin lists it. ``behaviour`` may be a list,
+  one per chunk in the order the worker posts them (the last repeats), e.g.
+  ``["slow:0.5", "hang"]`` for a long prompt whose second chunk wedges.
+* ``POST /scenario/link`` ``{"seconds_per_page": 2.5, "transfer_queue": 0}``:
+  the link speed, for one transfer queue or (without ``transfer_queue``)
+  every one: each KV chunk then takes its page count times that, on top of
+  its behaviour (a link at 1% of a healthy 0.01 s per page: 1.0).
+* ``POST /scenario/end_hang`` ``{"room": 7001, "outcome": "complete"|"fail"}``:
+  the room's hung transfers (and those still to come) end that way, so the
+  worker that holds them moves on: a wedge that clears.
 * ``GET /scenario/state``: passes run, exceptions SGLang's pass raised, the
   rids in the inflight queue, and every request the pass let go with its
   finish reason's class name (``FINISH_ABORT``, ``FINISH_LENGTH``).
@@ -53,15 +64,24 @@ _COLLECTOR_MODULES = ("sglang.srt.observability.metrics_collector", "sglang.srt.
 _GAUGE = "num_prefill_inflight_queue_reqs"
 
 
+_TIMED = {"slow:": transports.slow, "fail:": transports.fail_after}
+
+
 def parse_behaviour(text):
+    """One behaviour, or a list of them (one per chunk)."""
+    if isinstance(text, list) and text:
+        return [parse_behaviour(item) for item in text]
     text = str(text).strip().lower()
     if text in (transports.COMPLETE, transports.HANG, transports.FAIL):
         return text
-    if text.startswith("slow:"):
-        seconds = float(text[len("slow:"):])
-        if seconds >= 0:
-            return transports.slow(seconds)
-    raise ValueError(f"behaviour {text!r}: want complete, hang, fail or slow:SECONDS")
+    for prefix, make in _TIMED.items():
+        if text.startswith(prefix):
+            seconds = float(text[len(prefix):])
+            if seconds >= 0:
+                return make(seconds)
+    raise ValueError(f"behaviour {text!r}: want complete, hang, fail, slow:SECONDS, fail:SECONDS or a "
+                     "non-empty list of those")
+
 
 
 class Metrics:
@@ -230,10 +250,34 @@ class Server:
         rid = body.get("rid")
         if rid is not None and (not isinstance(rid, str) or not rid):
             raise ValueError("rid must be a non-empty string")
+        chunks = body.get("chunks", 1)
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= 4:
+            raise ValueError("chunks must be an integer from 1 to 4 (a request has 4 KV pages)")
         with self.admit_lock:
-            req = self.bench.admit(room, behaviour, rid=rid)
-        logger.info("admitted %s (room %d, %s)", req.rid, room, body.get("behaviour", transports.COMPLETE))
-        return {"rid": req.rid, "bootstrap_room": req.bootstrap_room}
+            req = self.bench.admit(room, behaviour, chunks=chunks, rid=rid)
+        logger.info("admitted %s (room %d, %s, %d chunks)", req.rid, room, body.get("behaviour", "complete"), chunks)
+        return {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
+                "transfer_queue": self.bench.transfer_queue_of(room)}
+
+    def link(self, body):
+        seconds = body.get("seconds_per_page")
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+            raise ValueError("seconds_per_page must be a number >= 0")
+        queue = body.get("transfer_queue")
+        if queue is not None and (not isinstance(queue, int) or isinstance(queue, bool) or queue < 0):
+            raise ValueError("transfer_queue must be an integer >= 0, or absent for every queue")
+        transports.fabric.link_speed(seconds, queue)
+        return {"seconds_per_page": seconds, "transfer_queue": queue}
+
+    def end_hang(self, body):
+        room = body.get("room")
+        if not isinstance(room, int) or isinstance(room, bool) or room <= 0:
+            raise ValueError("room must be a positive integer")
+        outcome = body.get("outcome", "complete")
+        if outcome not in (transports.COMPLETE, transports.FAIL):
+            raise ValueError("outcome must be complete or fail")
+        transports.fabric.end_hangs([room], outcome)
+        return {"room": room, "outcome": outcome}
 
     def state(self):
         released = [{"rid": r.rid, "finished_reason": type(r.finished_reason).__name__}
@@ -277,18 +321,20 @@ class Server:
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(min(length, 65536))
-                if self.path.split("?", 1)[0] != "/scenario/admit":
+                action = {"/scenario/admit": server.admit, "/scenario/link": server.link,
+                          "/scenario/end_hang": server.end_hang}.get(self.path.split("?", 1)[0])
+                if action is None:
                     self._send(404, {"error": "not found"})
                     return
                 try:
                     body = json.loads(raw or b"{}")
                     if not isinstance(body, dict):
                         raise ValueError("body must be a JSON object")
-                    self._send(200, server.admit(body))
+                    self._send(200, action(body))
                 except (ValueError, TypeError) as e:
                     self._send(400, {"error": str(e)})
                 except Exception as e:
-                    logger.exception("admit failed")
+                    logger.exception("%s failed", self.path)
                     self._send(500, {"error": repr(e)})
 
         return Handler

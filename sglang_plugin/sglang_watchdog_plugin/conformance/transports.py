@@ -8,7 +8,19 @@ decides per room what a transfer does:
 * ``HANG``: never done (NIXL: ``check_xfer_state`` answers "PROC" for ever;
   Mooncake: the synchronous batch call blocks until the fabric closes);
 * ``slow(seconds)``: done after that long;
-* ``FAIL``: the transport reports an error (NIXL "ERR", Mooncake -1).
+* ``FAIL``: the transport reports an error (NIXL "ERR", Mooncake -1);
+* ``fail_after(seconds)``: the error comes after that long;
+* a list of those: one per KV chunk of the room, in the order its worker
+  posts them (the last one repeats).
+
+The room's metadata (aux) transfer completes at once once its KV was
+posted; a room with no KV transfer (an aux-only chunk) follows the plan.
+
+On top of that a link speed, in seconds per KV page, for every queue or per
+transfer worker queue (``link_speed``), stretches every KV transfer that is
+not hung by its page count (``chunk_pages``, told by the bench when it
+splits a request into chunks): a link at 10% speed is ten times the seconds
+per page of a healthy one.
 
 The fabric records every transfer it was asked for (room, chunk kind,
 start, end), which is how tests tell a chunk in flight from one settled.
@@ -31,13 +43,18 @@ def slow(seconds):
     return ("slow", float(seconds))
 
 
+def fail_after(seconds):
+    return ("fail", float(seconds))
+
+
 class Transfer:
     """One transfer the fabric was asked for."""
 
-    def __init__(self, room, notif, behaviour):
+    def __init__(self, room, notif, behaviour, link_seconds=0.0):
         self.room = room
         self.notif = notif
         self.behaviour = behaviour
+        self.link_seconds = link_seconds  # the page count times the link's seconds per page
         self.started = time.monotonic()
         self.ended = None
         self.state = "PROC"
@@ -46,10 +63,11 @@ class Transfer:
         if self.ended is not None:
             return self.state
         behaviour = self.behaviour
-        if behaviour == COMPLETE or (isinstance(behaviour, tuple) and now - self.started >= behaviour[1]):
-            self.state, self.ended = "DONE", now
-        elif behaviour == FAIL:
-            self.state, self.ended = "ERR", now
+        if behaviour == HANG:
+            return self.state
+        kind, seconds = behaviour if isinstance(behaviour, tuple) else (behaviour, 0.0)
+        if now - self.started >= seconds + self.link_seconds:
+            self.state, self.ended = ("ERR" if kind in (FAIL, "fail") else "DONE"), now
         return self.state
 
 
@@ -63,27 +81,58 @@ class Fabric:
         self.transfers = []
         self.closed = threading.Event()
         self.notifs = {}  # agent name -> [notification bytes]
-        self.ranges = []  # (first byte, end, room): decode memory each room's transfers write into
+        self.ranges = []  # (first byte, end, room, aux): decode memory each room's transfers write into
+        self.pages = {}  # room -> KV pages of each chunk, in order
+        self.posted = {}  # room -> KV chunk transfers started so far
+        self.speeds = {}  # transfer queue (None: every queue) -> seconds per KV page
+        self.queue_of = lambda room: None  # set by the bench: the transfer queue a room's chunks go to
 
     def plan(self, room, behaviour):
         with self.lock:
             self.plans[int(room)] = behaviour
 
-    def claim(self, room, start, length):
+    def chunk_pages(self, room, pages):
+        with self.lock:
+            self.pages[int(room)] = list(pages)
+
+    def link_speed(self, seconds_per_page, queue=None):
+        """Seconds per KV page for one transfer queue's transfers, or every queue's (None)."""
+        with self.lock:
+            if queue is None:
+                self.speeds = {None: float(seconds_per_page)}
+            else:
+                self.speeds[int(queue)] = float(seconds_per_page)
+
+    def claim(self, room, start, length, aux=False):
         """Decode memory that belongs to a room: a transfer writing there is that room's."""
         with self.lock:
-            self.ranges.append((start, start + length, int(room)))
+            self.ranges.append((start, start + length, int(room), aux))
 
     def room_at(self, address):
+        """(room, whether it is the room's metadata slot) of a decode address, or (None, False)."""
         with self.lock:
-            for start, end, room in reversed(self.ranges):
+            for start, end, room, aux in reversed(self.ranges):
                 if start <= address < end:
-                    return room
-        return None
+                    return room, aux
+        return None, False
 
-    def start(self, room, notif=None):
+    def start(self, room, notif=None, aux=False):
+        queue = self.queue_of(room) if room is not None else None
         with self.lock:
-            transfer = Transfer(room, notif, self.plans.get(room, self.default))
+            behaviour, link_seconds = self.plans.get(room, self.default), 0.0
+            if not aux:
+                index = self.posted.get(room, 0)
+                self.posted[room] = index + 1
+                pages = self.pages.get(room, ())
+                speed = self.speeds.get(queue, self.speeds.get(None, 0.0))
+                link_seconds = speed * (pages[min(index, len(pages) - 1)] if pages else 0)
+                if isinstance(behaviour, list):
+                    behaviour = behaviour[min(index, len(behaviour) - 1)]
+            elif isinstance(behaviour, list) or self.posted.get(room):
+                # A chunk's time is its KV's: Mooncake posts the aux after the KV on the same worker, which
+                # would count a slow plan twice. Only an aux-only transfer (no KV posted) follows the plan.
+                behaviour = COMPLETE
+            transfer = Transfer(room, notif, behaviour, link_seconds)
             self.transfers.append(transfer)
             return transfer
 
@@ -103,13 +152,18 @@ class Fabric:
         with self.lock:
             return self.notifs.pop(agent, [])
 
-    def end_hangs(self, rooms):
-        """Fails the hung transfers of these rooms, so the workers they hold move on (a test's clean-up)."""
+    def end_hangs(self, rooms, behaviour=FAIL):
+        """Ends the hung transfers of these rooms (failed, or as ``behaviour`` says), so the workers they hold
+        move on: a test's clean-up, or a wedge that clears. Mooncake takes a failed transfer for a dead peer
+        and fails every later room bound to the same session, so a wedge that clears completes instead."""
         rooms = set(rooms)
         with self.lock:
+            for room in rooms:
+                if self.plans.get(room) == HANG:
+                    self.plans[room] = behaviour  # the room's transfers still to come (its aux) too
             for transfer in self.transfers:
                 if transfer.room in rooms and transfer.behaviour == HANG:
-                    transfer.behaviour = FAIL
+                    transfer.behaviour = behaviour
 
     def close(self):
         """Lets every blocked Mooncake call return (failed), so threads can end."""
@@ -195,7 +249,8 @@ class NixlAgent:
         pass
 
     def _xfer(self, remote, notif):
-        return _Handle(fabric.start(_room_of(notif), notif), remote)
+        aux = notif is not None and b"_aux" in (notif.encode() if isinstance(notif, str) else bytes(notif))
+        return _Handle(fabric.start(_room_of(notif), notif, aux), remote)
 
     def initialize_xfer(self, op, local, remote_descs, remote_agent, notif=b"", *args, **kwargs):
         return self._xfer(remote_agent, notif)
@@ -286,8 +341,9 @@ class MooncakeEngine:
     def batch_unregister_memory(self, *args, **kwargs):
         return 0
 
-    def _sync(self, room):
-        transfer = fabric.start(room)
+    def _sync(self, address):
+        room, aux = fabric.room_at(address)
+        transfer = fabric.start(room, aux=aux)
         while True:
             now = time.monotonic()
             state = transfer.settle(now)
@@ -300,10 +356,10 @@ class MooncakeEngine:
                 return -1
 
     def transfer_sync_write(self, session, src, dst, length, *args, **kwargs):
-        return self._sync(fabric.room_at(int(dst)))
+        return self._sync(int(dst))
 
     def batch_transfer_sync_write(self, session, srcs, dsts, lengths, *args, **kwargs):
-        return self._sync(fabric.room_at(int(dsts[0])) if len(dsts) else None)
+        return self._sync(int(dsts[0]) if len(dsts) else -1)
 
     transfer_sync_read = transfer_sync_write
     batch_transfer_sync_read = batch_transfer_sync_write
