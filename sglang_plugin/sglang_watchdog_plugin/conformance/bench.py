@@ -29,6 +29,7 @@ class Bench:
         self.passes = 0
         self.errors = []  # exceptions SGLang's pass raised: each one would kill a real scheduler
         self._pending = []
+        self._calls = []  # run on the loop thread before the next pass, as SGLang handles its inputs
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.running = threading.Event()  # cleared: the loop holds between passes
@@ -91,7 +92,10 @@ class Bench:
             self._held.clear()
             with self._lock:
                 pending, self._pending = self._pending, []
+                calls, self._calls = self._calls, []
             try:
+                for fn in calls:
+                    fn()
                 self._pass(pending)
             except Exception as e:  # a real scheduler process dies here
                 self.errors.append(e)
@@ -134,6 +138,25 @@ class Bench:
         sch._until(lambda: self.listed(req.rid) is not None or req in self.scheduler.streamed, 10,
                    f"{req.rid} to be listed")
         return req
+
+    def abort(self, rid):
+        """A client's abort, as Scheduler.abort_request handles it for the prefill inflight queue (SGLang
+        v0.5.18, managers/scheduler.py): the matching requests' senders get ``abort()``, on the scheduler
+        thread, before the next pass. Returns once it ran."""
+        done = threading.Event()
+
+        def abort():
+            try:
+                for req in self.scheduler.disagg_prefill_inflight_queue:
+                    if req.rid.startswith(rid) and hasattr(req.disagg_kv_sender, "abort"):
+                        req.disagg_kv_sender.abort()
+            finally:
+                done.set()
+
+        with self._lock:
+            self._calls.append(abort)
+        if not done.wait(10):
+            raise RuntimeError(f"the scheduler loop did not run the abort of {rid} within 10 s")
 
     def hold(self):
         """Stops the loop between two passes; returns once no pass is running."""

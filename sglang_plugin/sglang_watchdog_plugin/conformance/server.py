@@ -33,6 +33,9 @@ release loads it. The plugin serves its own endpoints on its own listener
 * ``POST /scenario/end_hang`` ``{"room": 7001, "outcome": "complete"|"fail"}``:
   the room's hung transfers (and those still to come) end that way, so the
   worker that holds them moves on: a wedge that clears.
+* ``POST /scenario/abort`` ``{"rid": "..."}``: a client's abort, as
+  ``Scheduler.abort_request`` handles it for the inflight queue (the
+  sender's ``abort()`` on the scheduler thread).
 * ``GET /scenario/state``: passes run, exceptions SGLang's pass raised, the
   rids in the inflight queue, and every request the pass let go with its
   finish reason's class name (``FINISH_ABORT``, ``FINISH_LENGTH``).
@@ -279,6 +282,13 @@ class Server:
         transports.fabric.end_hangs([room], outcome)
         return {"room": room, "outcome": outcome}
 
+    def abort(self, body):
+        rid = body.get("rid")
+        if not isinstance(rid, str) or not rid:
+            raise ValueError("rid must be a non-empty string")
+        self.bench.abort(rid)
+        return {"rid": rid}
+
     def state(self):
         released = [{"rid": r.rid, "finished_reason": type(r.finished_reason).__name__}
                     for r in list(self.bench.scheduler.streamed)]
@@ -322,7 +332,7 @@ class Server:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(min(length, 65536))
                 action = {"/scenario/admit": server.admit, "/scenario/link": server.link,
-                          "/scenario/end_hang": server.end_hang}.get(self.path.split("?", 1)[0])
+                          "/scenario/end_hang": server.end_hang, "/scenario/abort": server.abort}.get(self.path.split("?", 1)[0])
                 if action is None:
                     self._send(404, {"error": "not found"})
                     return
