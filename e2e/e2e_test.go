@@ -283,15 +283,10 @@ func (p *watchdogProc) has(t *testing.T, line string) bool {
 // packages with the run command's defaults against the simulator over
 // loopback HTTP, on a fake clock (so it cannot drive the binary): every pin mechanism is released within deadline + 3 intervals,
 // and no progressing request is ever force-failed over thousands of healthy
-// requests with a heavy tail.
-//
-// KNOWN GAP (issue 16, point 6): one slow healthy transfer (120 s) runs on a
-// transfer queue of its own. Since sglangsim follows SGLang its listed
-// progress stands still, and the watchdog's current rules force-fail it; the
-// test logs that as a known gap instead of failing (the rules are to be
-// fixed; BENCHMARKS.md measures it). The traffic is light enough for
-// SGLang's serial transfer queues (50 ms median, was 400 ms with 2% slow
-// transfers, which queue every room behind them and get them force-failed).
+// requests with a heavy tail, nor one slow healthy transfer (120 s, twice
+// the deadline, on a transfer queue of its own) whose listed progress
+// stands still, as on SGLang: the watchdog judges it by its transfer
+// worker.
 func TestEndToEndReleasesEveryPinAndNoProgressingRequest(t *testing.T) {
 	for _, backend := range []string{sglangsim.BackendNIXL, sglangsim.BackendMooncake} {
 		t.Run(backend, func(t *testing.T) {
@@ -342,11 +337,7 @@ func TestEndToEndReleasesEveryPinAndNoProgressingRequest(t *testing.T) {
 						t.Errorf("health check %s was force-failed", r.RID)
 					}
 				}
-				if r.ProgressingWhenForced {
-					if r.RID == slow {
-						t.Logf("KNOWN GAP (issue 16: listed progress stands still, the rules force-fail slow transfers): force-failed the slow transfer: %+v", r)
-						continue
-					}
+				if r.ProgressingWhenForced || (r.RID == slow && !r.ForcedAt.IsZero()) {
 					t.Errorf("force-failed a progressing request: %+v", r)
 				}
 			}
@@ -357,10 +348,12 @@ func TestEndToEndReleasesEveryPinAndNoProgressingRequest(t *testing.T) {
 				t.Fatalf("only %d healthy requests completed; the test needs at least 2000", healthy)
 			}
 			s := wd.Snapshot()
-			if got := s.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}]; got < 3 {
-				t.Errorf("watchdog confirmed %d releases, want at least 3", got)
+			// The stuck handle's pin is released by its queue's wedge order.
+			released := s.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}] + s.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerFailFast}]
+			if released < 3 {
+				t.Errorf("watchdog confirmed %d releases, want at least 3", released)
 			}
-			t.Logf("%d healthy requests completed, %d force-fails confirmed", healthy, s.ForceFails[[2]string{watchdog.ResultReleased, watchdog.TriggerAuto}])
+			t.Logf("%d healthy requests completed, %d force-fails confirmed", healthy, released)
 		})
 	}
 }
