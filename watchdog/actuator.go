@@ -729,6 +729,7 @@ type orderCall struct {
 	held       pluginapi.ChunkInFlight
 	speed      float64
 	speedKnown bool
+	chunkSeen  time.Time
 	// since is the transfer-failed counter when the rooms the answer
 	// reports began to be failed (the baseline of their confirmation).
 	since float64
@@ -786,7 +787,7 @@ func (w *Watchdog) orderCalls() []orderCall {
 				continue
 			}
 			ws := rk.workers[q]
-			out = append(out, orderCall{rank: rk, queue: q, wedge: *tw, order: o, pid: rk.server.PID, held: *ws.inFlight, speed: ws.speed, speedKnown: ws.speedKnown})
+			out = append(out, orderCall{rank: rk, queue: q, wedge: *tw, order: o, pid: rk.server.PID, held: *ws.inFlight, speed: ws.speed, speedKnown: ws.speedKnown, chunkSeen: ws.chunkSeen})
 		}
 	}
 	return out
@@ -897,8 +898,8 @@ func (w *Watchdog) rereadWedge(ctx context.Context, c orderCall) string {
 		if tw.TransferQueue != c.queue {
 			continue
 		}
-		ws := &workerState{tracked: tw.Tracked, inFlight: tw.InFlight, speed: c.speed, speedKnown: c.speedKnown}
-		if tw.InFlight == nil || tw.InFlight.Chunk != c.wedge.chunk || !chunkOverdue(ws, &w.cfg) {
+		ws := &workerState{tracked: tw.Tracked, inFlight: tw.InFlight, speed: c.speed, speedKnown: c.speedKnown, chunkSeen: c.chunkSeen}
+		if tw.InFlight == nil || tw.InFlight.Chunk != c.wedge.chunk || !chunkOverdue(ws, w.cfg.Clock.Now(), &w.cfg) {
 			return "the worker no longer holds the overdue chunk"
 		}
 		return ""

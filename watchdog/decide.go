@@ -82,7 +82,7 @@ func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, 
 	}
 	switch {
 	case ws.inFlight != nil && ws.inFlight.BootstrapRoom == room:
-		return chunkOverdue(ws, cfg)
+		return chunkOverdue(ws, now, cfg)
 	case r.chunksQueued > 0:
 		return false
 	}
@@ -154,9 +154,9 @@ func chunkAllowance(pages int, speed float64, known bool, cfg *Config) time.Dura
 }
 
 // chunkOverdue tells whether a tracked worker has held its chunk past the
-// chunk's allowance.
-func chunkOverdue(ws *workerState, cfg *Config) bool {
-	if !ws.tracked || ws.inFlight == nil {
+// chunk's allowance, and this watchdog watched it for the stall window.
+func chunkOverdue(ws *workerState, now time.Time, cfg *Config) bool {
+	if !ws.tracked || ws.inFlight == nil || now.Sub(ws.chunkSeen) < cfg.StallWindow {
 		return false
 	}
 	allowance := chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg)
@@ -233,7 +233,7 @@ func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 	}
 	var out map[int]*transferWedge
 	if rk.progress {
-		out = progressWedges(rk, cfg)
+		out = progressWedges(rk, now, cfg)
 	} else {
 		out = stallWedges(rk, now, cfg)
 	}
@@ -254,7 +254,7 @@ func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 // the same chunk stays in the worker's hands, even once its room is gone:
 // the order that fails the rooms turns it into an orphan. Nothing else
 // (no stall of rooms, no orphan on its own) makes a wedge here.
-func progressWedges(rk *rankState, cfg *Config) map[int]*transferWedge {
+func progressWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transferWedge {
 	out := map[int]*transferWedge{}
 	var listed map[uint64]*roomState
 	for q, ws := range rk.workers {
@@ -266,7 +266,7 @@ func progressWedges(rk *rankState, cfg *Config) map[int]*transferWedge {
 			out[q] = prev
 			continue
 		}
-		if !chunkOverdue(ws, cfg) {
+		if !chunkOverdue(ws, now, cfg) {
 			continue
 		}
 		if listed == nil {

@@ -39,7 +39,7 @@ func TestRestartIntervalSurvivesAWatchdogRestart(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "restart-state.json")
 	first := wedgedRank("http://127.0.0.1:28100", 0, 7)
 	h := newMulti(t, []*fakePlugin{first}, autoRestart(state))
-	h.tick(32)
+	h.tick(62)
 	if first.restartCount() != 1 {
 		t.Fatalf("restarts %d, want 1", first.restartCount())
 	}
@@ -54,7 +54,7 @@ func TestRestartIntervalSurvivesAWatchdogRestart(t *testing.T) {
 
 	control := wedgedRank("http://127.0.0.1:28100", 0, 9)
 	h3 := newMulti(t, []*fakePlugin{control}, autoRestart(""))
-	h3.tick(32)
+	h3.tick(62)
 	if control.restartCount() != 1 {
 		t.Fatalf("without a state file: restarts %d, want 1 (the behaviour the file prevents)", control.restartCount())
 	}

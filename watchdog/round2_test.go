@@ -590,7 +590,7 @@ func TestRestartOncePerPIDAndPerInterval(t *testing.T) {
 	a.restartAnswer = func(req pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error) {
 		return http.StatusForbidden, &pluginapi.RestartResponse{Result: pluginapi.ResultRestartDisabled, PID: req.PID, Error: "not allowed"}, nil
 	}
-	h.tick(32)
+	h.tick(62)
 	if a.restartCount() != 1 || a.restarts[0].PID != 7 || a.restarts[0].DryRun {
 		t.Fatalf("restarts %+v, want one real call for pid 7", a.restarts)
 	}
@@ -671,7 +671,7 @@ func TestRestartSourceDownThenNewProcess(t *testing.T) {
 		c.Mode = ModeAuto
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
 	})
-	h.tick(32)
+	h.tick(62)
 	if p.restartCount() != 1 {
 		t.Fatalf("restarts %d", p.restartCount())
 	}
@@ -693,7 +693,7 @@ func TestRestartSourceDownThenNewProcess(t *testing.T) {
 	p.mu.Unlock()
 	p.set(r4room("behind2", 20, 0, 2, 1))
 	p.hold(2, 1, 1, 1, 60)
-	h.tick(32)
+	h.tick(62)
 	if p.restartCount() != 2 {
 		t.Fatalf("restarts %d, want the new process restarted too", p.restartCount())
 	}
@@ -705,10 +705,10 @@ func TestRestartNeedsTheEvidenceOnReRead(t *testing.T) {
 		c.Mode = ModeOff
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
 	})
-	h.tick(31)
+	h.tick(60)
 	// The chunk settles between the cycle's read and the re-read.
 	p.beforeRead = func(read int) {
-		if read == 33 {
+		if read == 62 {
 			p.finish(2)
 		}
 	}

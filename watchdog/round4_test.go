@@ -573,7 +573,7 @@ func TestRestartNeedsAnOverdueChunkForTheRestartWindow(t *testing.T) {
 		c.Mode = ModeOff
 		c.RestartMode, c.RestartMinInterval = ModeAuto, time.Minute
 	})
-	h.tick(31)
+	h.tick(60)
 	if p.restartCount() != 0 {
 		t.Fatal("restarted before the wedge held for the stall window")
 	}
@@ -599,5 +599,27 @@ func TestWedgeOrderNeverFailsAYoungRoom(t *testing.T) {
 	h.tick(1)
 	if holds(p, "young") {
 		t.Fatal("the room was not failed once past the floor")
+	}
+}
+
+// A watchdog that just (re)started judges a chunk only once it watched it
+// for the stall window itself, however long the plugin says it was held.
+func TestChunkJudgedOnlyOnceWatchedForTheStallWindow(t *testing.T) {
+	cfg := testConfig()
+	cfg.LinkMargin = DefaultLinkMargin
+	now := time.Unix(10000, 0)
+	for _, tc := range []struct {
+		watched time.Duration
+		want    bool
+	}{{29 * time.Second, false}, {30 * time.Second, true}} {
+		rk := progressCase(true, true, &pluginapi.ChunkInFlight{Chunk: 3, BootstrapRoom: 1, Pages: 64, Seconds: 5000})
+		rk.workers[0].chunkSeen = now.Add(-tc.watched)
+		r := &roomState{age: 6000, queue: 0, lastChange: now.Add(-time.Hour), iterAtChange: 100}
+		if got := roomStuck(1, r, rk, now, &cfg); got != tc.want {
+			t.Errorf("watched for %s: stuck %v, want %v", tc.watched, got, tc.want)
+		}
+		if got := len(progressWedges(rk, now, &cfg)) == 1; got != tc.want {
+			t.Errorf("watched for %s: wedged %v, want %v", tc.watched, got, tc.want)
+		}
 	}
 }

@@ -97,6 +97,11 @@ type workerState struct {
 	// each cycle; speedKnown is false when there are too few samples.
 	speed      float64
 	speedKnown bool
+	// chunkSeen is when this watchdog first listed the chunk now in
+	// flight: a chunk is judged only once it was watched for the stall
+	// window, so that a watchdog that just (re)started acts on nothing it
+	// has not seen itself, whatever the plugin says the chunk was held.
+	chunkSeen time.Time
 }
 
 // wedgeOrder is the watchdog's side of the standing order for one wedged

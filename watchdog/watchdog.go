@@ -543,7 +543,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.listed = true
 
 	rk.progress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
-	observeWorkers(rk, l.TransferWorkers)
+	observeWorkers(rk, l.TransferWorkers, now)
 
 	rk.cycle++
 	limitHit := false
@@ -638,7 +638,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 // observeWorkers folds a listing's transfer_workers into the rank's state
 // and refreshes each queue's link speed estimate. A rank without
 // transfer_progress keeps none.
-func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker) {
+func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, now time.Time) {
 	if !rk.progress {
 		clear(rk.workers)
 		return
@@ -653,6 +653,9 @@ func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker) {
 		}
 		seen[tw.TransferQueue] = true
 		ws.tracked = tw.Tracked
+		if tw.InFlight != nil && (ws.inFlight == nil || ws.inFlight.Chunk != tw.InFlight.Chunk) {
+			ws.chunkSeen = now
+		}
 		ws.inFlight = nil
 		if tw.InFlight != nil {
 			c := *tw.InFlight
