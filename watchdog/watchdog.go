@@ -152,6 +152,9 @@ type Watchdog struct {
 	// callTimes holds, per budget, the requests acted on in the last
 	// minute, for the rate limits.
 	callTimes [numBudgets][]time.Time
+	// lookupLeft is what remains of one actuation's time for prefill
+	// verdict lookups (decode_lookup.go); under act.
+	lookupLeft time.Duration
 
 	restarts    map[string]uint64
 	restarted   map[procKey]bool // processes a restart was asked of (or dry-run for)
