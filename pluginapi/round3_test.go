@@ -155,3 +155,20 @@ func TestVerdictClientTemplate(t *testing.T) {
 		}
 	}
 }
+
+// waiting_for_memory (issue 18) reaches the watchdog on both decode paths.
+func TestDecodeListingWaitingForMemory(t *testing.T) {
+	body := strings.Replace(decodeListing, `"poll":"Bootstrapping",`, `"poll":"WaitingForInput",`, 1)
+	body = strings.Replace(body, `"transfer_started":null,"health_check":false}`, `"transfer_started":false,"health_check":false,"waiting_for_memory":true}`, 1)
+	l, err := DecodeListing([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fast wireListing
+	if !decodeWireFast([]byte(body), &fast) {
+		t.Fatal("the fast path refused waiting_for_memory")
+	}
+	if !l.DecodeRequests[1].WaitingForMemory || l.DecodeRequests[0].WaitingForMemory || !fast.DecodeRequests[1].WaitingForMemory {
+		t.Fatalf("decode_requests %+v (fast %+v), want only the prealloc request waiting for memory", l.DecodeRequests, fast.DecodeRequests)
+	}
+}

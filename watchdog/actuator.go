@@ -336,7 +336,7 @@ func (w *Watchdog) reread(ctx context.Context, c candidate, trigger string) (tar
 			continue
 		}
 		movedInFlight := c.failFast && (now.inFlight == nil || *now.inFlight)
-		if now.poll != s.poll || now.progress != s.progress || movedInFlight || now.health || l.Loop.Iterations < s.iterations ||
+		if now.poll != s.poll || now.progress != s.progress || movedInFlight || now.health || now.waitingMemory || l.Loop.Iterations < s.iterations ||
 			l.Server.PID != s.pid || (now.inFlight != nil && *now.inFlight != s.inFlight) || now.dqueue != s.dqueue || now.started != s.started {
 			return nil, nil, w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.poll, s.progress, now.progress))
 		}

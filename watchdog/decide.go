@@ -13,9 +13,10 @@ import (
 // deadline, with neither poll nor progress (nor, on decode, its queue)
 // changing for the stall window, while the scheduler loop kept
 // running (otherwise every room looks frozen and the observations are
-// stale), and not one of SGLang's own health checks.
+// stale), and not one of SGLang's own health checks nor a decode request
+// waiting for KV pages (SGLang never times those out: issue 18).
 func roomStuck(r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
-	if r.health {
+	if r.health || r.waitingMemory {
 		return false
 	}
 	deadline := cfg.Deadline

@@ -559,6 +559,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		r.seen = rk.cycle
 		r.age = lr.age
 		r.health = lr.health
+		r.waitingMemory = lr.waitingMemory
 		r.addr = lr.addr
 		r.prompt = lr.prompt
 	}
