@@ -188,7 +188,11 @@ func (w *Watchdog) prefillVerdict(q pluginapi.VerdictQuery, now time.Time) plugi
 		return v
 	}
 	e := released[q.RID]
-	if e == nil {
+	switch {
+	case q.RID == "":
+		v.Reason = "released, but the lookup names no rid to bind the verdict to (a decode-side watchdog that predates binding)"
+		return v
+	case e == nil:
 		v.Reason = "released only for another rid: not this decode request (a router that lets each leg draw its own rid, or the room reused)"
 		return v
 	}
