@@ -123,8 +123,9 @@ type narratedVerdicts struct {
 	url string
 }
 
-func (v narratedVerdicts) Verdict(ctx context.Context, addr string, room uint64) (pluginapi.RoomVerdict, error) {
-	ans, err := v.VerdictClient.Verdict(ctx, addr, room)
+func (v narratedVerdicts) Verdict(ctx context.Context, q pluginapi.VerdictQuery) (pluginapi.RoomVerdict, error) {
+	room := q.Room
+	ans, err := v.VerdictClient.Verdict(ctx, q)
 	if err != nil {
 		return ans, err
 	}

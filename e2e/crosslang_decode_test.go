@@ -26,10 +26,13 @@ const (
 	decodeHealthyRID = "healthy-0003"
 	decodeHealthRID  = "HEALTH_CHECK_1764403200.0"
 	decodeWarmupRID  = "warmup-0005"
-	// pinnedRoom is pinned-0001's room in the prefill parity scene; the
-	// decode stand-in gives it to live-0002 (--live-room), so that the
-	// prefill watchdog's ledger speaks of the room decode waits on.
+	// pinnedRoom and pinnedRID are pinned-0001's room and rid in the
+	// prefill parity scene; the decode stand-in gives them to its live
+	// request (--live-room, --live-rid), as a router that gives both legs
+	// one rid, so that the prefill watchdog's ledger speaks of the request
+	// decode waits on (verdicts are bound to the rid).
 	pinnedRoom = 9223372036854775001
+	pinnedRID  = "pinned-0001"
 )
 
 // counterValue reads one unlabelled-by-rank family of a stand-in's /metrics.
@@ -112,16 +115,16 @@ func TestPythonDecodePluginWithTheWatchdog(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			tok := tokenFile(t, parityToken)
 			decodeURL, decodeMetrics := startStandinScript(t, "standin_decode_server.py", backend, tok,
-				"--live-room", "9223372036854775001")
+				"--live-room", "9223372036854775001", "--live-rid", pinnedRID)
 			prefillURL, prefillMetrics := startStandin(t, backend, tok)
 
 			l := listingOf(t, decodeURL)
 			if l.Server.DisaggregationMode != pluginapi.ModeDecode || len(l.Inflight) != 0 || l.Server.TransferBackend != backend ||
-				strings.Join(decodeRIDs(l), " ") != strings.Join([]string{decodeWaitingRID, decodeHealthRID, decodeWarmupRID, decodeLiveRID, decodeHealthyRID}, " ") {
+				strings.Join(decodeRIDs(l), " ") != strings.Join([]string{decodeWaitingRID, decodeHealthRID, decodeWarmupRID, pinnedRID, decodeHealthyRID}, " ") {
 				t.Fatalf("decode listing: server %+v, inflight %d, decode requests %v", l.Server, len(l.Inflight), decodeRIDs(l))
 			}
 			for _, r := range l.DecodeRequests {
-				if r.RID == decodeLiveRID && (r.BootstrapRoom != pinnedRoom || r.Queue != pluginapi.DecodeQueueTransfer ||
+				if r.RID == pinnedRID && (r.BootstrapRoom != pinnedRoom || r.Queue != pluginapi.DecodeQueueTransfer ||
 					r.TransferStarted == nil || !*r.TransferStarted) {
 					t.Fatalf("live request %+v", r)
 				}
@@ -131,7 +134,7 @@ func TestPythonDecodePluginWithTheWatchdog(t *testing.T) {
 			}
 			// Called directly, without prefill_stopped, the live transfer is refused.
 			client := pluginapi.NewClient(decodeURL, pluginapi.ClientOptions{Timeout: 5 * time.Second, AdminTimeout: 5 * time.Second, Token: parityToken})
-			st, resp, err := client.ForceFail(context.Background(), pluginapi.ForceFailRequest{RID: decodeLiveRID})
+			st, resp, err := client.ForceFail(context.Background(), pluginapi.ForceFailRequest{RID: pinnedRID})
 			if err != nil || st != http.StatusConflict || resp.Result != pluginapi.ResultTransferLive {
 				t.Fatalf("direct force-fail of the live transfer: %d %+v %v, want 409 transfer_live", st, resp, err)
 			}
@@ -172,7 +175,7 @@ func TestPythonDecodePluginWithTheWatchdog(t *testing.T) {
 				t.Fatal("prefill released the room before decode asked: the hold was not tested")
 			}
 			for _, c := range admin.recorded() {
-				if c.order.RID == decodeLiveRID {
+				if c.order.RID == pinnedRID {
 					t.Fatalf("called the live transfer while prefill held its room: %+v", c)
 				}
 			}
@@ -194,12 +197,12 @@ func TestPythonDecodePluginWithTheWatchdog(t *testing.T) {
 				byRID[c.order.RID] = c
 			}
 			if len(calls) != 2 || len(byRID) != 2 {
-				t.Fatalf("decode admin calls %+v, want one for %s and one for %s", calls, decodeWaitingRID, decodeLiveRID)
+				t.Fatalf("decode admin calls %+v, want one for %s and one for %s", calls, decodeWaitingRID, pinnedRID)
 			}
 			if c := byRID[decodeWaitingRID]; c.order.PrefillStopped || c.status != http.StatusOK || c.result != pluginapi.ResultFlipped {
 				t.Errorf("call for the request that never reached prefill: %+v", c)
 			}
-			if c := byRID[decodeLiveRID]; !c.order.PrefillStopped || c.order.BootstrapRoom == nil || *c.order.BootstrapRoom != pinnedRoom ||
+			if c := byRID[pinnedRID]; !c.order.PrefillStopped || c.order.BootstrapRoom == nil || *c.order.BootstrapRoom != pinnedRoom ||
 				c.status != http.StatusOK || c.result != pluginapi.ResultFlipped {
 				t.Errorf("call for the live transfer: %+v, want flipped with prefill_stopped", c)
 			}

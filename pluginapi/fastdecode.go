@@ -499,6 +499,8 @@ func (d *fastDecoder) decodeRequests() ([]DecodeRequest, bool) {
 				r.TransferStarted, ok = d.boolPtr()
 			case "health_check":
 				r.HealthCheck, ok = d.boolv()
+			case "waiting_for_memory":
+				r.WaitingForMemory, ok = d.boolv()
 			}
 			return ok
 		})

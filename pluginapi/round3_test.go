@@ -79,10 +79,18 @@ func TestDecodeListingRound3Errors(t *testing.T) {
 func TestVerdictClientCachesAllButStopped(t *testing.T) {
 	var hits atomic.Int64
 	verdict := VerdictInQueue
+	// A prefill watchdog that predates binding echoes no rid.
+	bound := true
+	echo := func(r *http.Request) string {
+		if !bound {
+			return ""
+		}
+		return r.URL.Query().Get(VerdictParamRID)
+	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		// What arrives is the client's to check.
-		_ = json.NewEncoder(w).Encode(RoomVerdict{Room: strings.TrimPrefix(r.URL.Path, PathRoomVerdict), Verdict: verdict})
+		_ = json.NewEncoder(w).Encode(RoomVerdict{Room: strings.TrimPrefix(r.URL.Path, PathRoomVerdict), RID: echo(r), Verdict: verdict})
 	}))
 	defer srv.Close()
 	u, _ := url.Parse(srv.URL)
@@ -93,8 +101,9 @@ func TestVerdictClientCachesAllButStopped(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	q9 := VerdictQuery{BootstrapAddr: "127.0.0.1:8998", Room: 9, RID: "r9", AgeSeconds: 200}
 	for i := 0; i < 3; i++ {
-		if v, err := c.Verdict(ctx, "127.0.0.1:8998", 9); err != nil || v.Verdict != VerdictInQueue {
+		if v, err := c.Verdict(ctx, q9); err != nil || v.Verdict != VerdictInQueue {
 			t.Fatalf("%+v, %v", v, err)
 		}
 	}
@@ -104,16 +113,22 @@ func TestVerdictClientCachesAllButStopped(t *testing.T) {
 	now = now.Add(5 * time.Second)
 	verdict = VerdictStopped
 	for i := 0; i < 2; i++ {
-		if v, err := c.Verdict(ctx, "127.0.0.1:8998", 9); err != nil || v.Verdict != VerdictStopped {
+		if v, err := c.Verdict(ctx, q9); err != nil || v.Verdict != VerdictStopped {
 			t.Fatalf("%+v, %v", v, err)
 		}
 	}
 	if hits.Load() != 3 {
 		t.Fatalf("%d requests, want stopped asked afresh every time", hits.Load())
 	}
-	// An answer for another room is refused.
+	// A stopped that is not bound to the rid asked for is refused.
+	bound = false
+	if v, err := c.Verdict(ctx, q9); err == nil || !strings.Contains(err.Error(), "not bound to this request") {
+		t.Fatalf("unbound stopped: %+v, %v; want a refusal", v, err)
+	}
+	bound = true
+	// An unknown verdict is refused.
 	verdict = "maybe"
-	if _, err := c.Verdict(ctx, "127.0.0.1:8998", 10); err == nil {
+	if _, err := c.Verdict(ctx, VerdictQuery{BootstrapAddr: "127.0.0.1:8998", Room: 10, RID: "r9", AgeSeconds: 200}); err == nil {
 		t.Fatal("accepted an unknown verdict")
 	}
 }
@@ -138,5 +153,22 @@ func TestVerdictClientTemplate(t *testing.T) {
 		if _, _, err := c.BaseURL(addr); err == nil {
 			t.Errorf("%s accepted", addr)
 		}
+	}
+}
+
+// waiting_for_memory (issue 18) reaches the watchdog on both decode paths.
+func TestDecodeListingWaitingForMemory(t *testing.T) {
+	body := strings.Replace(decodeListing, `"poll":"Bootstrapping",`, `"poll":"WaitingForInput",`, 1)
+	body = strings.Replace(body, `"transfer_started":null,"health_check":false}`, `"transfer_started":false,"health_check":false,"waiting_for_memory":true}`, 1)
+	l, err := DecodeListing([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fast wireListing
+	if !decodeWireFast([]byte(body), &fast) {
+		t.Fatal("the fast path refused waiting_for_memory")
+	}
+	if !l.DecodeRequests[1].WaitingForMemory || l.DecodeRequests[0].WaitingForMemory || !fast.DecodeRequests[1].WaitingForMemory {
+		t.Fatalf("decode_requests %+v (fast %+v), want only the prealloc request waiting for memory", l.DecodeRequests, fast.DecodeRequests)
 	}
 }

@@ -192,6 +192,11 @@ type DecodeRequest struct {
 	// TransferStarted is nil where unknown.
 	TransferStarted *bool `json:"transfer_started"`
 	HealthCheck     bool  `json:"health_check"`
+	// WaitingForMemory (round 4): a prealloc request whose handshake is
+	// done, waiting for free KV pages. SGLang never times it out (its
+	// waiting timeout starts when the metadata is sent), so it is not
+	// stuck. False from plugins that predate it.
+	WaitingForMemory bool `json:"waiting_for_memory"`
 }
 
 // OrphanedTransfer is a room gone from the inflight queue whose transfer

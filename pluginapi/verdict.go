@@ -17,16 +17,43 @@ import (
 )
 
 // The prefill verdict API is served by the prefill-side watchdog, not by
-// the plugin: GET PathRoomVerdict + "<room>" answers what that watchdog
-// knows of the room, so that a decode-side watchdog can tell whether the
-// prefill peer has stopped sending (docs/decode.md).
+// the plugin: GET PathRoomVerdict + "<room>?rid=<rid>&age_seconds=<age>"
+// answers what that watchdog knows of the room, so that a decode-side
+// watchdog can tell whether the prefill peer has stopped sending for its
+// request (docs/decode.md).
 const PathRoomVerdict = "/api/v1/rooms/"
+
+// Query parameters of a verdict lookup: the decode request the verdict is
+// for. A room is reused (a client or router may set bootstrap_room), so a
+// verdict is bound to the request by its rid and by its age: a release
+// older than the decode request answers for an earlier request.
+const (
+	VerdictParamRID = "rid"
+	VerdictParamAge = "age_seconds"
+)
+
+// MaxVerdictRIDBytes caps the rid of a lookup; SGLang's rids are 32 hex
+// digits, a client's own rids are short too.
+const MaxVerdictRIDBytes = 256
+
+// VerdictQuery names the decode request a verdict is asked for.
+type VerdictQuery struct {
+	// BootstrapAddr is the request's bootstrap_addr: its host names the
+	// prefill peer to ask.
+	BootstrapAddr string
+	Room          uint64
+	RID           string
+	// AgeSeconds is the decode request's age_seconds: how long ago the
+	// decode side first saw it, a duration on its own clock.
+	AgeSeconds float64
+}
 
 // Verdicts of the prefill side on one room.
 const (
-	// VerdictStopped: the prefill watchdog released the room with no
-	// chunk in flight (at the last listing and at the re-read) and the
-	// room was never listed as an orphaned transfer since.
+	// VerdictStopped: the prefill watchdog released the room of this rid,
+	// after the decode request was first seen, with no chunk in flight
+	// (at the last listing and at the re-read), and the room was never
+	// listed as an orphaned transfer since.
 	VerdictStopped = "stopped"
 	// VerdictLive: the room was released, but a chunk of it may still be
 	// written (in flight at release, or listed as an orphan since).
@@ -40,7 +67,10 @@ const (
 // RoomVerdict is the body of a verdict answer. Room is a decimal string,
 // so that clients in any language keep all 64 bits.
 type RoomVerdict struct {
-	Room    string `json:"room"`
+	Room string `json:"room"`
+	// RID echoes the rid the verdict was bound to; a watchdog that
+	// predates binding leaves it out, and its "stopped" is refused.
+	RID     string `json:"rid,omitempty"`
 	Verdict string `json:"verdict"`
 	// ReleasedSecondsAgo is how long ago the answering watchdog released
 	// the room (stopped, live); a duration, so that no two hosts' wall
@@ -53,41 +83,50 @@ type RoomVerdict struct {
 const maxVerdictBytes = 4096
 
 // FetchVerdict asks the watchdog at base (e.g. http://10.0.0.7:9433) for its
-// verdict on room. Any error or unexpected answer is an error: the caller
-// must then treat the transfer as possibly live.
-func FetchVerdict(ctx context.Context, client *http.Client, base string, room uint64) (RoomVerdict, error) {
-	url := strings.TrimRight(base, "/") + PathRoomVerdict + strconv.FormatUint(room, 10)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+// verdict on the room of q's request. Any error or unexpected answer is an
+// error: the caller must then treat the transfer as possibly live.
+func FetchVerdict(ctx context.Context, client *http.Client, base string, q VerdictQuery) (RoomVerdict, error) {
+	room := q.Room
+	params := url.Values{VerdictParamRID: {q.RID}, VerdictParamAge: {strconv.FormatFloat(q.AgeSeconds, 'f', 3, 64)}}
+	target := strings.TrimRight(base, "/") + PathRoomVerdict + strconv.FormatUint(room, 10) + "?" + params.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: %w", url, err)
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: %w", target, err)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: %w", url, err)
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: %w", target, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxVerdictBytes+1))
 	if err != nil {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: reading body: %w", url, err)
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: reading body: %w", target, err)
 	}
 	if len(body) > maxVerdictBytes {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: body exceeds %d bytes", url, maxVerdictBytes)
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: body exceeds %d bytes", target, maxVerdictBytes)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: HTTP %d: %s", url, resp.StatusCode, snippet(body))
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: HTTP %d: %s", target, resp.StatusCode, snippet(body))
 	}
 	var v RoomVerdict
 	if err := json.Unmarshal(body, &v); err != nil {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: malformed verdict: %w", url, err)
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: malformed verdict: %w", target, err)
 	}
 	if v.Room != strconv.FormatUint(room, 10) {
-		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: verdict for room %q, asked for %d", url, v.Room, room)
+		return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: verdict for room %q, asked for %d", target, v.Room, room)
 	}
 	switch v.Verdict {
-	case VerdictStopped, VerdictLive, VerdictInQueue, VerdictUnknown:
+	case VerdictStopped:
+		// A watchdog that predates binding answers for the room alone,
+		// perhaps for an earlier request that had it.
+		if v.RID != q.RID {
+			return RoomVerdict{}, fmt.Errorf("prefill watchdog %s: stopped for rid %q, asked for %q: a verdict not bound to this request (upgrade the prefill watchdog)", target, v.RID, q.RID)
+		}
+		return v, nil
+	case VerdictLive, VerdictInQueue, VerdictUnknown:
 		return v, nil
 	}
-	return RoomVerdict{}, errors.New("prefill watchdog " + url + ": unknown verdict " + strconv.Quote(v.Verdict))
+	return RoomVerdict{}, errors.New("prefill watchdog " + target + ": unknown verdict " + strconv.Quote(v.Verdict))
 }
 
 // VerdictClientOptions configure a VerdictClient.
@@ -119,6 +158,7 @@ const maxVerdictCache = 4096
 type verdictCacheKey struct {
 	host netip.Addr
 	room uint64
+	rid  string
 }
 
 type verdictCacheEntry struct {
@@ -192,14 +232,14 @@ func (c *VerdictClient) BaseURL(bootstrapAddr string) (string, netip.Addr, error
 	return strings.Replace(c.opts.URLTemplate, "{host}", h, 1), ip, nil
 }
 
-// Verdict asks the watchdog of the prefill peer at bootstrapAddr for its
-// verdict on room.
-func (c *VerdictClient) Verdict(ctx context.Context, bootstrapAddr string, room uint64) (RoomVerdict, error) {
-	base, ip, err := c.BaseURL(bootstrapAddr)
+// Verdict asks the watchdog of the prefill peer at q.BootstrapAddr for its
+// verdict on q's request.
+func (c *VerdictClient) Verdict(ctx context.Context, q VerdictQuery) (RoomVerdict, error) {
+	base, ip, err := c.BaseURL(q.BootstrapAddr)
 	if err != nil {
 		return RoomVerdict{}, err
 	}
-	key := verdictCacheKey{ip, room}
+	key := verdictCacheKey{ip, q.Room, q.RID}
 	now := c.opts.Now()
 	c.mu.Lock()
 	e, ok := c.cache[key]
@@ -212,7 +252,7 @@ func (c *VerdictClient) Verdict(ctx context.Context, bootstrapAddr string, room 
 		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)
 		defer cancel()
 	}
-	v, err := FetchVerdict(ctx, c.opts.Client, base, room)
+	v, err := FetchVerdict(ctx, c.opts.Client, base, q)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err == nil && v.Verdict == VerdictStopped {

@@ -81,6 +81,8 @@ type dreq struct {
 	expected int64 // -1 unknown
 	started  bool
 
+	waitingMemory bool // handshake done, waiting in prealloc for a free page slot
+
 	aborted       bool // receiver.abort(): conclude_state Failed latched
 	abortNotified bool // ABORT sent to the prefill bootstrap targets
 	deferredAbort bool // register_deferred_abort_room
@@ -552,6 +554,15 @@ func (dr *drank) popPreallocated(s *Sim, now time.Time) {
 			d.cause = cause
 			dr.release(s, d, v, at, now)
 		case pollWaitingForInput, pollSuccess:
+			if dr.full(s) {
+				// No memory: SGLang's pop_preallocated leaves it queued,
+				// with no timeout (its waiting timeout starts at
+				// send_metadata).
+				d.waitingMemory = true
+				kept = append(kept, d)
+				continue
+			}
+			d.waitingMemory = false
 			// SGLang's prefill writes nothing before the receiver's
 			// metadata (sent right after preallocation), so a receiver
 			// reading Success here has been preallocated in SGLang's
@@ -573,6 +584,11 @@ func (dr *drank) popPreallocated(s *Sim, now time.Time) {
 	}
 	clear(dr.prealloc[len(kept):])
 	dr.prealloc = kept
+}
+
+// full tells whether every page slot of the rank is taken (DecodeSlots).
+func (dr *drank) full(s *Sim) bool {
+	return s.opts.DecodeSlots > 0 && len(dr.free) == 0 && dr.nextSlot >= s.opts.DecodeSlots
 }
 
 // alloc gives d a page slot, the most recently freed one first (the worst
@@ -753,7 +769,7 @@ func (dr *drank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	add := func(d *dreq, queue string) {
 		r := pluginapi.DecodeRequest{RID: d.rid, BootstrapRoom: d.room, BootstrapAddr: d.addr, Queue: queue,
 			Poll: d.poll.String(), AgeSeconds: now.Sub(d.admitted).Seconds(), Progress: -1,
-			HealthCheck: d.healthCheck()}
+			HealthCheck: d.healthCheck(), WaitingForMemory: queue == pluginapi.DecodeQueuePrealloc && d.waitingMemory}
 		started := false
 		switch {
 		case d.fake:

@@ -629,3 +629,31 @@ func TestDecodeSuccessLeavesPrealloc(t *testing.T) {
 		t.Fatalf("record %+v", r)
 	}
 }
+
+// TestDecodeWaitingForMemory (issue 18): with every page slot taken, a
+// handshaken request waits in the prealloc queue, listed as waiting for
+// memory, and is never timed out (SGLang's waiting timeout starts at
+// send_metadata); it moves on once a slot frees.
+func TestDecodeWaitingForMemory(t *testing.T) {
+	s, c := newSim(t, Options{Backend: BackendMooncake, DecodeSlots: 1})
+	holder, _ := s.Submit(RequestSpec{Behavior: BehaviorSlow, Transfer: -1, ChunkEvery: time.Second})
+	run(s, c, 2*time.Second, 100*time.Millisecond)
+	waiting, _ := s.Submit(RequestSpec{Transfer: time.Second})
+	run(s, c, 5*time.Second, 100*time.Millisecond)
+	l := s.DecodeListing(0)
+	if h := mustDecodeReq(t, l, holder); h.Queue != pluginapi.DecodeQueueTransfer || h.WaitingForMemory {
+		t.Fatalf("the holder of the only slot: %+v", h)
+	}
+	if w := mustDecodeReq(t, l, waiting); w.Queue != pluginapi.DecodeQueuePrealloc || w.Poll != pluginapi.PollWaitingForInput || !w.WaitingForMemory {
+		t.Fatalf("want it waiting for memory in the prealloc queue: %+v", w)
+	}
+	run(s, c, 400*time.Second, time.Second)
+	if w := mustDecodeReq(t, s.DecodeListing(0), waiting); !w.WaitingForMemory || w.AgeSeconds < 400 {
+		t.Fatalf("past SGLang's waiting timeout: %+v, want it still waiting for memory", w)
+	}
+	mustDecodeFlip(t, s, holder, true, pluginapi.LeverAbort)
+	run(s, c, 3*time.Second, 100*time.Millisecond)
+	if w, ok := decodeReq(s.DecodeListing(0), waiting); ok && (w.Queue != pluginapi.DecodeQueueTransfer || w.WaitingForMemory) {
+		t.Fatalf("a slot freed, but: %+v", w)
+	}
+}

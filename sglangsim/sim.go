@@ -154,6 +154,11 @@ type Options struct {
 	// the decode server); default 1. DecodePorts[i] belongs to decode rank
 	// i % DecodeDPSize.
 	DecodeDPSize int
+	// DecodeSlots is each decode rank's KV page slots (one a request, from
+	// preallocation until its release); 0 = unlimited. A prealloc request
+	// whose handshake is done waits for a free slot, as SGLang's
+	// pop_preallocated waits for memory, and is listed waiting_for_memory.
+	DecodeSlots int
 	// DeferredRelease turns decode's
 	// SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE on (LeversNewest
 	// only). No SGLang release up to v0.5.18 has it; later upstream code

@@ -33,6 +33,7 @@ type stageView struct {
 	tracked       bool // the listing's server.transfer_tracking
 	dqueue        string
 	started       bool
+	age           float64
 	addr          string
 	pid           int
 	iterations    uint64
@@ -123,6 +124,11 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		if a.key.role != b.key.role {
 			return a.key.role == RolePrefill
 		}
+		if na, nb := needsVerdict(a), needsVerdict(b); na != nb {
+			// A request that needs no verdict lookup is decided before
+			// any that does: a slow prefill peer must not starve it.
+			return !na
+		}
 		if a.age != b.age {
 			// SGLang's own timeout frees a decode request at 300 s, so
 			// a release saves 300 s less its age: when the budget
@@ -152,7 +158,7 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
 			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlightKnown: r.inFlightKnown, inFlight: r.inFlightKnown && r.inFlight,
-				tracked: rk.server.TransferTracking != nil && *rk.server.TransferTracking, dqueue: r.dqueue, started: r.started, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+				tracked: rk.server.TransferTracking != nil && *rk.server.TransferTracking, dqueue: r.dqueue, started: r.started, age: r.age, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked
@@ -177,6 +183,7 @@ func (w *Watchdog) actuate(ctx context.Context, cands []candidate, trigger strin
 	}
 	w.act.Lock()
 	defer w.act.Unlock()
+	w.startLookups()
 	flipped := map[*rankState]bool{}
 	for _, c := range cands {
 		if ctx.Err() != nil {
@@ -311,7 +318,7 @@ func (w *Watchdog) reread(ctx context.Context, c candidate, trigger string) (tar
 		if now == nil {
 			continue
 		}
-		if now.poll != s.poll || now.progress != s.progress || now.health || l.Loop.Iterations < s.iterations ||
+		if now.poll != s.poll || now.progress != s.progress || now.health || now.waitingMemory || l.Loop.Iterations < s.iterations ||
 			l.Server.PID != s.pid || (now.inFlight != nil && *now.inFlight != s.inFlight) || now.dqueue != s.dqueue || now.started != s.started {
 			return nil, nil, w.skip(c, SkipProgressed, trigger, fmt.Sprintf("%s: poll %s→%s, progress %d→%d since the decision", s.rank.status.target, s.poll, now.poll, s.progress, now.progress))
 		}
@@ -402,7 +409,7 @@ func (w *Watchdog) recordCall(c candidate, cl callClaim, order pluginapi.ForceFa
 		}
 		w.pending = append(w.pending, &pending{key: c.key, rank: c.rank, stages: called, trigger: trigger, at: at, family: cl.family, baseline: cl.baseline, age: cl.age, poll: c.poll})
 		if c.key.role == RolePrefill {
-			w.ledger.add(c.key.room, at, stopped)
+			w.ledger.add(c.key.roomKey, at, stopped)
 		}
 		// The plugin's word for a set lever (flipped or already_failed).
 		ev.Result = pluginapi.ResultFlipped
@@ -466,34 +473,6 @@ func noChunkInFlight(stages []stageView, reread []entry) bool {
 		}
 	}
 	return true
-}
-
-// decodeCleared applies the safety rule to a decode request on every
-// stage that holds it: a transfer that may have started and not finished
-// is released only when SGLang marked the request Failed or the prefill
-// side's verdict is "stopped"; anything else holds it (cleared false, with
-// the skip's events). prefillStopped is the assertion the order may carry.
-func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger string) (prefillStopped, cleared bool, held []Event) {
-	need, failed := false, len(c.stages) > 0
-	for _, s := range c.stages {
-		switch decodeSafety(s.poll, s.started) {
-		case needVerdict:
-			need, failed = true, false
-		case clearNotStarted:
-			failed = false
-		}
-	}
-	if !need {
-		return failed, true, nil
-	}
-	v, err := w.lookupVerdict(ctx, c.stages[0].addr, c.key.room)
-	switch {
-	case err != nil:
-		return false, false, w.skip(c, SkipTransferLive, trigger, "held: transfer may be live: the prefill verdict is not available: "+err.Error())
-	case v.Verdict != pluginapi.VerdictStopped:
-		return false, false, w.skip(c, SkipTransferLive, trigger, fmt.Sprintf("held: transfer may be live: prefill verdict %s (%s); SGLang's own timeout releases it", v.Verdict, v.Reason))
-	}
-	return true, true, nil
 }
 
 func stageDetail(answers []stageAnswer) string {
@@ -1056,7 +1035,7 @@ func (w *Watchdog) orderFailed(c orderCall, f pluginapi.FailedRoom, dry bool, at
 			// whose chunks in flight the plugin cannot see.
 			stopped := r != nil && f.BootstrapRoom != c.wedge.room && r.chunk == noChunk && r.inFlightKnown && !r.inFlight &&
 				rk.server.TransferTracking != nil && *rk.server.TransferTracking
-			w.ledger.add(f.BootstrapRoom, at, stopped)
+			w.ledger.add(roomKey{rid: f.RID, room: f.BootstrapRoom}, at, stopped)
 		}
 	}
 	fields := []interface{}{"msg", msg, "rid", f.RID, "room", f.BootstrapRoom, "transfer_queue", c.queue, "chunk", c.wedge.chunk,

@@ -33,10 +33,11 @@ const (
 // is judged by its transfer (progressRoomStuck); elsewhere by the stall
 // rule: older than its role's deadline with neither poll nor progress (nor,
 // on decode, its queue) changing for the stall window while the loop ran.
-// Health checks never are.
+// Health checks never are, nor decode requests waiting for KV pages
+// (SGLang never times those out: issue 18).
 func roomStuck(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
 	switch {
-	case r.health:
+	case r.health || r.waitingMemory:
 		return false
 	case r.dqueue != "":
 		return stalled(r, rk, now, cfg, cfg.DecodeDeadline)

@@ -129,7 +129,8 @@ func TestDecodeBudgetStillHoldsStartedTransfers(t *testing.T) {
 	}
 }
 
-// Over a saturated decode budget the youngest stuck requests go first:
+// Over a saturated decode budget the youngest stuck requests go first
+// (among those that need a verdict lookup, as among those that need none):
 // SGLang's own 300 s timeout frees the oldest soon anyway. A request over
 // the budget costs no verdict lookup and no re-read.
 func TestDecodeBudgetYoungestFirstAndFreeWhenSpent(t *testing.T) {
@@ -137,7 +138,7 @@ func TestDecodeBudgetYoungestFirstAndFreeWhenSpent(t *testing.T) {
 	// First seen past the decode deadline (a watchdog restart, say): all
 	// three become stuck in one cycle, once the stall window has passed.
 	d.set(dreq("old", 11, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 260, boolp(true)),
-		dreq("mid", 12, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 230, boolp(false)),
+		dreq("mid", 12, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 230, boolp(true)),
 		dreq("young", 13, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 200, boolp(true)))
 	v := &fakeVerdicts{answer: verdictOf(pluginapi.VerdictStopped)}
 	h := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) { c.Verdicts, c.DecodePerMinute = v, 1 })

@@ -125,11 +125,11 @@ type fakeVerdicts struct {
 	lookups []string
 }
 
-func (v *fakeVerdicts) Verdict(_ context.Context, addr string, room uint64) (pluginapi.RoomVerdict, error) {
+func (v *fakeVerdicts) Verdict(_ context.Context, q pluginapi.VerdictQuery) (pluginapi.RoomVerdict, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.lookups = append(v.lookups, addr)
-	return v.answer(addr, room)
+	v.lookups = append(v.lookups, q.BootstrapAddr)
+	return v.answer(q.BootstrapAddr, q.Room)
 }
 
 func (v *fakeVerdicts) count() int {

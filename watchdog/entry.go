@@ -22,8 +22,9 @@ type entry struct {
 	// chunksQueued is the room's chunks_queued (round 4), 0 when unknown.
 	chunksQueued int
 	// Decode only.
-	dqueue  string
-	started bool
+	dqueue        string
+	started       bool
+	waitingMemory bool
 }
 
 func (e *entry) key() roomKey { return roomKey{e.rid, e.room} }
@@ -44,7 +45,8 @@ func entries(l *pluginapi.Listing) []entry {
 		for i := range l.DecodeRequests {
 			d := &l.DecodeRequests[i]
 			out[i] = entry{rid: d.RID, room: d.BootstrapRoom, addr: d.BootstrapAddr, poll: d.Poll, age: d.AgeSeconds,
-				progress: d.Progress, health: d.HealthCheck, dqueue: d.Queue, started: transferMayHaveStarted(d)}
+				progress: d.Progress, health: d.HealthCheck, dqueue: d.Queue, started: transferMayHaveStarted(d),
+				waitingMemory: d.WaitingForMemory && d.Queue == pluginapi.DecodeQueuePrealloc}
 		}
 		return out
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -34,16 +37,17 @@ const (
 )
 
 // VerdictSource answers, for a decode request, what the watchdog of its
-// prefill peer knows of the room. *pluginapi.VerdictClient implements it.
+// prefill peer knows of the request's room. *pluginapi.VerdictClient
+// implements it.
 type VerdictSource interface {
-	Verdict(ctx context.Context, bootstrapAddr string, room uint64) (pluginapi.RoomVerdict, error)
+	Verdict(ctx context.Context, q pluginapi.VerdictQuery) (pluginapi.RoomVerdict, error)
 }
 
 // VerdictAnswers are the values of the `verdict` label of
 // sglang_watchdog_prefill_verdict_lookups_total.
 var VerdictAnswers = []string{pluginapi.VerdictStopped, pluginapi.VerdictLive, pluginapi.VerdictInQueue, pluginapi.VerdictUnknown, "error"}
 
-// ledgerEntry is what the watchdog knew when it released a room on
+// ledgerEntry is what the watchdog knew when it released a request on
 // prefill.
 type ledgerEntry struct {
 	at time.Time
@@ -55,33 +59,45 @@ type ledgerEntry struct {
 }
 
 type ledgerSlot struct {
-	room uint64
-	at   time.Time
+	key roomKey
+	at  time.Time
 }
 
-// ledger is the bounded, time-limited record of rooms released on
-// prefill. Caller holds w.mu.
+// ledger is the bounded, time-limited record of requests released on
+// prefill, keyed by rid and room: a room is reused (a client or router
+// may set bootstrap_room), and a verdict on an earlier request with the
+// same room must not answer for a later one. Caller holds w.mu.
 type ledger struct {
 	ttl   time.Duration
 	size  int
-	rooms map[uint64]*ledgerEntry
-	order []ledgerSlot // oldest first; a slot whose time differs from its entry's is stale
+	n     int
+	rooms map[uint64]map[string]*ledgerEntry // room, then rid
+	order []ledgerSlot                       // oldest first; a slot whose time differs from its entry's is stale
 }
 
 func newLedger(ttl time.Duration, size int) *ledger {
-	return &ledger{ttl: ttl, size: size, rooms: map[uint64]*ledgerEntry{}}
+	return &ledger{ttl: ttl, size: size, rooms: map[uint64]map[string]*ledgerEntry{}}
 }
 
-func (l *ledger) add(room uint64, at time.Time, stopped bool) {
-	l.rooms[room] = &ledgerEntry{at: at, stopped: stopped}
-	l.order = append(l.order, ledgerSlot{room, at})
+func (l *ledger) add(key roomKey, at time.Time, stopped bool) {
+	byRID := l.rooms[key.room]
+	if byRID == nil {
+		byRID = map[string]*ledgerEntry{}
+		l.rooms[key.room] = byRID
+	}
+	if byRID[key.rid] == nil {
+		l.n++
+	}
+	byRID[key.rid] = &ledgerEntry{at: at, stopped: stopped}
+	l.order = append(l.order, ledgerSlot{key, at})
 	l.expire(at)
 }
 
-// orphaned marks a released room whose chunks are still outstanding: its
-// transfer may still write.
+// orphaned marks every request released with the room: a listed orphan
+// names its room only, and whichever request it belongs to may still
+// write.
 func (l *ledger) orphaned(room uint64) {
-	if e, ok := l.rooms[room]; ok {
+	for _, e := range l.rooms[room] {
 		e.orphaned = true
 	}
 }
@@ -89,24 +105,30 @@ func (l *ledger) orphaned(room uint64) {
 func (l *ledger) expire(now time.Time) {
 	for len(l.order) > 0 {
 		s := l.order[0]
-		e, ok := l.rooms[s.room]
+		byRID := l.rooms[s.key.room]
+		e, ok := byRID[s.key.rid]
 		current := ok && e.at.Equal(s.at)
-		if current && now.Sub(s.at) < l.ttl && len(l.rooms) <= l.size {
+		if current && now.Sub(s.at) < l.ttl && l.n <= l.size {
 			return
 		}
 		if current {
-			delete(l.rooms, s.room)
+			delete(byRID, s.key.rid)
+			l.n--
+			if len(byRID) == 0 {
+				delete(l.rooms, s.key.room)
+			}
 		}
 		l.order = l.order[1:]
 	}
 }
 
-func (l *ledger) get(room uint64, now time.Time) *ledgerEntry {
+// get returns the requests released with room, by rid.
+func (l *ledger) get(room uint64, now time.Time) map[string]*ledgerEntry {
 	l.expire(now)
 	return l.rooms[room]
 }
 
-func (l *ledger) len() int { return len(l.rooms) }
+func (l *ledger) len() int { return l.n }
 
 // watchesPrefill tells whether this watchdog reads a prefill rank. Caller
 // holds w.mu.
@@ -119,21 +141,24 @@ func (w *Watchdog) watchesPrefill() bool {
 	return false
 }
 
-// PrefillVerdict answers what this watchdog knows of a room on prefill.
-func (w *Watchdog) PrefillVerdict(room uint64) pluginapi.RoomVerdict {
+// PrefillVerdict answers what this watchdog knows of the room of q's
+// decode request on prefill.
+func (w *Watchdog) PrefillVerdict(q pluginapi.VerdictQuery) pluginapi.RoomVerdict {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.prefillVerdict(room, w.clock.Now())
+	return w.prefillVerdict(q, w.clock.Now())
 }
 
 // prefillVerdict: in_queue while a prefill listing holds the room; live
-// while one lists it as an orphaned transfer, or when it was released
-// with a chunk in flight or by a plugin that cannot see chunks in flight;
-// stopped only when released with none in flight and never orphaned
-// since, while every prefill rank is read; unknown otherwise. Caller holds
-// w.mu.
-func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerdict {
-	v := pluginapi.RoomVerdict{Room: strconv.FormatUint(room, 10), Verdict: pluginapi.VerdictUnknown}
+// while one lists it as an orphaned transfer, or when the request was
+// released with a chunk in flight or by a plugin that cannot see chunks
+// in flight; stopped only when the request of q's rid was released, after
+// the decode request was first seen, with none in flight and never
+// orphaned since, while every prefill rank is read; unknown otherwise.
+// Caller holds w.mu.
+func (w *Watchdog) prefillVerdict(q pluginapi.VerdictQuery, now time.Time) pluginapi.RoomVerdict {
+	room := q.Room
+	v := pluginapi.RoomVerdict{Room: strconv.FormatUint(room, 10), RID: q.RID, Verdict: pluginapi.VerdictUnknown}
 	if room == 0 {
 		v.Reason = "room 0 is a health check or warm-up"
 		return v
@@ -157,13 +182,27 @@ func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerd
 			return v
 		}
 	}
-	e := w.ledger.get(room, now)
-	if e == nil {
+	released := w.ledger.get(room, now)
+	if len(released) == 0 {
 		v.Reason = "not released by this watchdog in the last " + w.cfg.LedgerTTL.String()
+		return v
+	}
+	e := released[q.RID]
+	switch {
+	case q.RID == "":
+		v.Reason = "released, but the lookup names no rid to bind the verdict to (a decode-side watchdog that predates binding)"
+		return v
+	case e == nil:
+		v.Reason = "released only for another rid: not this decode request (a router that lets each leg draw its own rid, or the room reused)"
 		return v
 	}
 	v.ReleasedSecondsAgo = now.Sub(e.at).Seconds()
 	switch {
+	case v.ReleasedSecondsAgo >= q.AgeSeconds:
+		// Decode's age counts from its first sight, so it never
+		// overstates: a release at least that old came before this
+		// decode request existed there.
+		v.Reason = fmt.Sprintf("released %.0fs ago, before this decode request was first seen (%.0fs ago): a verdict on an earlier request", v.ReleasedSecondsAgo, q.AgeSeconds)
 	case e.orphaned:
 		v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer after its release"
 	case !e.stopped:
@@ -176,15 +215,15 @@ func (w *Watchdog) prefillVerdict(room uint64, now time.Time) pluginapi.RoomVerd
 	return v
 }
 
-// lookupVerdict asks for the prefill side's verdict on a decode request's
-// room: from this watchdog's own ledger when it watches prefill too,
-// otherwise from cfg.Verdicts. It counts the answer.
-func (w *Watchdog) lookupVerdict(ctx context.Context, addr string, room uint64) (pluginapi.RoomVerdict, error) {
+// lookupVerdict asks for the prefill side's verdict on a decode request:
+// from this watchdog's own ledger when it watches prefill too, otherwise
+// from cfg.Verdicts. It counts the answer.
+func (w *Watchdog) lookupVerdict(ctx context.Context, q pluginapi.VerdictQuery) (pluginapi.RoomVerdict, error) {
 	w.mu.Lock()
 	own := w.watchesPrefill()
 	var v pluginapi.RoomVerdict
 	if own {
-		v = w.prefillVerdict(room, w.clock.Now())
+		v = w.prefillVerdict(q, w.clock.Now())
 	}
 	w.mu.Unlock()
 	var err error
@@ -193,7 +232,7 @@ func (w *Watchdog) lookupVerdict(ctx context.Context, addr string, room uint64) 
 	case w.cfg.Verdicts == nil:
 		err = errors.New("no prefill verdict source: set --decode.prefill-watchdog-url")
 	default:
-		v, err = w.cfg.Verdicts.Verdict(ctx, addr, room)
+		v, err = w.cfg.Verdicts.Verdict(ctx, q)
 	}
 	w.mu.Lock()
 	if err != nil {
@@ -205,8 +244,10 @@ func (w *Watchdog) lookupVerdict(ctx context.Context, addr string, room uint64) 
 	return v, err
 }
 
-// VerdictHandler serves GET pluginapi.PathRoomVerdict + "<room>": this
-// watchdog's read-only verdict on a room, for decode-side watchdogs.
+// VerdictHandler serves GET pluginapi.PathRoomVerdict +
+// "<room>?rid=<rid>&age_seconds=<age>": this watchdog's read-only verdict
+// on the room of a decode request, for decode-side watchdogs. Without rid
+// and age (an older decode-side watchdog) it never answers stopped.
 func (w *Watchdog) VerdictHandler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -219,8 +260,30 @@ func (w *Watchdog) VerdictHandler() http.Handler {
 			writeJSON(rw, http.StatusBadRequest, map[string]string{"error": "want " + pluginapi.PathRoomVerdict + "<room>, room a decimal integer below 2^64"})
 			return
 		}
-		writeJSON(rw, http.StatusOK, w.PrefillVerdict(room))
+		q, err := verdictQuery(r.URL.Query(), room)
+		if err != nil {
+			writeJSON(rw, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(rw, http.StatusOK, w.PrefillVerdict(q))
 	})
+}
+
+// verdictQuery reads the decode request a lookup names; absent fields
+// bind to nothing (rid "" matches no release, age 0 predates every one).
+func verdictQuery(params url.Values, room uint64) (pluginapi.VerdictQuery, error) {
+	q := pluginapi.VerdictQuery{Room: room, RID: params.Get(pluginapi.VerdictParamRID)}
+	if len(q.RID) > pluginapi.MaxVerdictRIDBytes {
+		return q, fmt.Errorf("%s exceeds %d bytes", pluginapi.VerdictParamRID, pluginapi.MaxVerdictRIDBytes)
+	}
+	if s := params.Get(pluginapi.VerdictParamAge); s != "" {
+		age, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(age) || math.IsInf(age, 0) || age < 0 {
+			return q, fmt.Errorf("%s must be a finite number of seconds, not negative", pluginapi.VerdictParamAge)
+		}
+		q.AgeSeconds = age
+	}
+	return q, nil
 }
 
 // writeJSON answers with status and v. The values always encode, so an

@@ -19,14 +19,15 @@ import (
 func TestLedgerTTLAndCap(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	l := newLedger(15*time.Minute, 3)
-	l.add(1, t0, true)
-	l.add(2, t0.Add(time.Minute), true)
-	l.add(1, t0.Add(2*time.Minute), false) // released again: the newer entry wins
-	l.add(3, t0.Add(3*time.Minute), true)
-	if e := l.get(1, t0.Add(3*time.Minute)); e == nil || e.stopped {
+	k := func(room uint64) roomKey { return roomKey{rid: "r", room: room} }
+	l.add(k(1), t0, true)
+	l.add(k(2), t0.Add(time.Minute), true)
+	l.add(k(1), t0.Add(2*time.Minute), false) // released again: the newer entry wins
+	l.add(k(3), t0.Add(3*time.Minute), true)
+	if e := l.get(1, t0.Add(3*time.Minute))["r"]; e == nil || e.stopped {
 		t.Fatalf("room 1 = %+v, want its newer entry (not stopped)", e)
 	}
-	l.add(4, t0.Add(4*time.Minute), true)
+	l.add(k(4), t0.Add(4*time.Minute), true)
 	if l.get(2, t0.Add(4*time.Minute)) != nil || l.len() != 3 {
 		t.Fatalf("cap 3: room 2 (oldest) should be gone, %d kept", l.len())
 	}
@@ -39,6 +40,32 @@ func TestLedgerTTLAndCap(t *testing.T) {
 	if l.get(4, t0.Add(18*time.Minute)) == nil {
 		t.Fatal("room 4 forgotten before its TTL")
 	}
+}
+
+// Two requests released with the same room are two entries: neither
+// overwrites nor expires the other, and an orphan of the room marks both.
+func TestLedgerKeyedByRIDAndRoom(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	l := newLedger(15*time.Minute, 10)
+	l.add(roomKey{rid: "old", room: 77}, t0, true)
+	l.add(roomKey{rid: "new", room: 77}, t0.Add(8*time.Minute), false)
+	got := l.get(77, t0.Add(8*time.Minute))
+	if len(got) != 2 || !got["old"].stopped || got["new"].stopped || l.len() != 2 {
+		t.Fatalf("room 77 = %v (%d kept), want both requests with their own verdicts", got, l.len())
+	}
+	l.orphaned(77)
+	if !got["old"].orphaned || !got["new"].orphaned {
+		t.Fatal("an orphan of room 77 must mark every request released with it")
+	}
+	if got := l.get(77, t0.Add(15*time.Minute)); len(got) != 1 || got["new"] == nil || l.len() != 1 {
+		t.Fatalf("after the first one's TTL: %v, want only the newer request", got)
+	}
+}
+
+// askA asks for the verdict on room for decode request "a", seen on decode
+// long before any release in these tests.
+func askA(room uint64) pluginapi.VerdictQuery {
+	return pluginapi.VerdictQuery{Room: room, RID: "a", AgeSeconds: 1e6}
 }
 
 // combined watches a prefill and a decode rank, as the demo does: the
@@ -59,7 +86,7 @@ func wantHeldLive(t *testing.T, h *decodeHarness, p *fakePlugin, d *fakeDecode) 
 	if p.callCount() != 1 {
 		t.Fatalf("prefill calls %d, want 1", p.callCount())
 	}
-	if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+	if v := h.wd.PrefillVerdict(askA(11)); v.Verdict != pluginapi.VerdictLive {
 		t.Fatalf("verdict %+v, want live", v)
 	}
 	if n := len(d.orders()); n != 0 {
@@ -74,7 +101,7 @@ func TestLedgerVerdicts(t *testing.T) {
 		if p.callCount() != 1 || len(d.orders()) != 0 {
 			t.Fatalf("prefill calls %d, decode calls %d; want the prefill room released first", p.callCount(), len(d.orders()))
 		}
-		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictStopped || v.Room != "11" || v.ReleasedSecondsAgo < 1 {
+		if v := h.wd.PrefillVerdict(askA(11)); v.Verdict != pluginapi.VerdictStopped || v.Room != "11" || v.ReleasedSecondsAgo < 1 {
 			t.Fatalf("verdict %+v, want stopped", v)
 		}
 		h.tick(1)
@@ -93,7 +120,7 @@ func TestLedgerVerdicts(t *testing.T) {
 		p.orphans = nil
 		p.mu.Unlock()
 		h.tick(40)
-		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictLive {
+		if v := h.wd.PrefillVerdict(askA(11)); v.Verdict != pluginapi.VerdictLive {
 			t.Fatalf("verdict %+v after an orphan came and went, want live", v)
 		}
 		if n := len(d.orders()); n != 0 || h.skips(SkipTransferLive) != 1 {
@@ -120,7 +147,7 @@ func TestLedgerVerdicts(t *testing.T) {
 			return http.StatusConflict, &pluginapi.ForceFailResponse{Result: pluginapi.ResultTransferSucceeded, RID: req.RID}, nil
 		}
 		h.tick(110)
-		if v := h.wd.PrefillVerdict(11); v.Verdict != pluginapi.VerdictInQueue {
+		if v := h.wd.PrefillVerdict(askA(11)); v.Verdict != pluginapi.VerdictInQueue {
 			t.Fatalf("verdict %+v, want in_queue", v)
 		}
 		if n := len(d.orders()); n != 0 {
@@ -131,7 +158,7 @@ func TestLedgerVerdicts(t *testing.T) {
 		h, _, _ := combined(t, r2room("a", 11, 0, 0, false))
 		h.tick(1)
 		for _, room := range []uint64{12, 0} {
-			if v := h.wd.PrefillVerdict(room); v.Verdict != pluginapi.VerdictUnknown {
+			if v := h.wd.PrefillVerdict(askA(room)); v.Verdict != pluginapi.VerdictUnknown {
 				t.Fatalf("room %d: verdict %+v, want unknown", room, v)
 			}
 		}
@@ -150,7 +177,7 @@ func TestVerdictReasonsNameNoAddress(t *testing.T) {
 	t.Run("in_queue", func(t *testing.T) {
 		h, _, _ := combined(t, r2room("a", 11, 0, 0, false))
 		h.tick(1)
-		check(t, h.wd.PrefillVerdict(11), pluginapi.VerdictInQueue)
+		check(t, h.wd.PrefillVerdict(askA(11)), pluginapi.VerdictInQueue)
 	})
 	t.Run("orphaned", func(t *testing.T) {
 		h, p, _ := combined(t, r2room("a", 11, 0, 0, false))
@@ -159,7 +186,7 @@ func TestVerdictReasonsNameNoAddress(t *testing.T) {
 		p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 11, TransferQueue: intp(0), OutstandingChunks: 1}}
 		p.mu.Unlock()
 		h.tick(1)
-		check(t, h.wd.PrefillVerdict(11), pluginapi.VerdictLive)
+		check(t, h.wd.PrefillVerdict(askA(11)), pluginapi.VerdictLive)
 	})
 	t.Run("listing failed", func(t *testing.T) {
 		h, p, _ := combined(t, r2room("a", 11, 0, 0, false))
@@ -168,7 +195,7 @@ func TestVerdictReasonsNameNoAddress(t *testing.T) {
 		p.listErr = errors.New("connection refused")
 		p.mu.Unlock()
 		h.tick(1)
-		check(t, h.wd.PrefillVerdict(11), pluginapi.VerdictUnknown)
+		check(t, h.wd.PrefillVerdict(askA(11)), pluginapi.VerdictUnknown)
 	})
 }
 
@@ -202,7 +229,7 @@ func TestVerdictOverHTTP(t *testing.T) {
 	ctx := context.Background()
 
 	pre.tick(1)
-	if v, err := loop.Verdict(ctx, "127.0.0.1:8998", 1<<64-1); err != nil || v.Verdict != pluginapi.VerdictInQueue || v.Room != "18446744073709551615" {
+	if v, err := loop.Verdict(ctx, pluginapi.VerdictQuery{BootstrapAddr: "127.0.0.1:8998", Room: 1<<64 - 1, RID: "a", AgeSeconds: 1}); err != nil || v.Verdict != pluginapi.VerdictInQueue || v.Room != "18446744073709551615" {
 		t.Fatalf("verdict %+v, %v; want in_queue for the full 64-bit room", v, err)
 	}
 	pre.tick(70)
@@ -233,7 +260,7 @@ func TestVerdictOverHTTP(t *testing.T) {
 		{loop, "[::1]:8998"},
 		{loop, "127.0.0.1"},
 	} {
-		if v, err := c.client.Verdict(ctx, c.addr, 1<<64-1); err == nil {
+		if v, err := c.client.Verdict(ctx, pluginapi.VerdictQuery{BootstrapAddr: c.addr, Room: 1<<64 - 1, RID: "a", AgeSeconds: 1}); err == nil {
 			t.Fatalf("%s: verdict %+v, want a refusal", c.addr, v)
 		}
 	}
@@ -264,5 +291,83 @@ func TestVerdictOverHTTP(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Fatalf("POST: HTTP %d, want 405", resp.StatusCode)
+	}
+}
+
+// Issue 18: prefill released room 77 with "stopped"; minutes later a new
+// request got room 77, and its decode side, 190 s old with its transfer
+// started, was told "stopped" (released_seconds_ago=483). A verdict is
+// bound to the request: another rid, or a release from before the decode
+// request was first seen, answers unknown and the request is held.
+func TestLedgerVerdictNeverAnswersForALaterRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name, rid, reason string
+	}{
+		{"a new request with the room", "new", "another rid"},
+		{"the same rid again (a client's own rid reused)", "old", "before this decode request was first seen"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, d := newFakePlugin("http://127.0.0.1:28100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
+			p.server.TransferTracking = boolp(true)
+			p.set(r2room("old", 77, 0, 0, false))
+			h := newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil)
+			h.tick(79)
+			if p.callCount() != 1 {
+				t.Fatalf("prefill calls %d, want room 77 released", p.callCount())
+			}
+			if v := h.wd.PrefillVerdict(pluginapi.VerdictQuery{Room: 77, RID: "old", AgeSeconds: 100}); v.Verdict != pluginapi.VerdictStopped {
+				t.Fatalf("verdict for the released request %+v, want stopped", v)
+			}
+			h.tick(300)
+			d.set(dreq(tc.rid, 77, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 160, boolp(true)))
+			h.tick(31)
+			q := pluginapi.VerdictQuery{Room: 77, RID: tc.rid, AgeSeconds: 191}
+			if v := h.wd.PrefillVerdict(q); v.Verdict != pluginapi.VerdictUnknown || !strings.Contains(v.Reason, tc.reason) || v.RID != tc.rid {
+				t.Fatalf("verdict %+v, want unknown (%s)", v, tc.reason)
+			}
+			if o := d.orders(); len(o) != 0 || h.skips(SkipTransferLive) != 1 {
+				t.Fatalf("decode orders %+v, %d held; want the later request held", o, h.skips(SkipTransferLive))
+			}
+		})
+	}
+}
+
+// The verdict endpoint binds to the rid and age it is given, and refuses
+// what it cannot read; without them (an older decode-side watchdog) it never
+// answers stopped.
+func TestVerdictHandlerBindsToTheQuery(t *testing.T) {
+	p := newFakePlugin("http://127.0.0.1:28100", 0)
+	p.server.TransferTracking = boolp(true)
+	p.set(r2room("a", 5, 0, 0, false))
+	h := newDecodeHarness(t, []*fakePlugin{p}, nil, nil)
+	h.tick(80)
+	srv := httptest.NewServer(h.wd.VerdictHandler())
+	defer srv.Close()
+	for query, want := range map[string]string{
+		"?rid=a&age_seconds=100":  pluginapi.VerdictStopped,
+		"?rid=a&age_seconds=1":    pluginapi.VerdictUnknown,
+		"?rid=b&age_seconds=100":  pluginapi.VerdictUnknown,
+		"":                        pluginapi.VerdictUnknown,
+		"?age_seconds=100":        pluginapi.VerdictUnknown,
+		"?rid=a&age_seconds=-1":   "400",
+		"?rid=a&age_seconds=NaN":  "400",
+		"?rid=a&age_seconds=soon": "400",
+		"?rid=" + strings.Repeat("x", 257) + "&age_seconds=100": "400",
+	} {
+		resp, err := http.Get(srv.URL + pluginapi.PathRoomVerdict + "5" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v pluginapi.RoomVerdict
+		err = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			t.Errorf("%q: the answer is not JSON: %v", query, err)
+		case want == "400" && resp.StatusCode != http.StatusBadRequest:
+			t.Errorf("%q: HTTP %d %+v, want 400", query, resp.StatusCode, v)
+		case want != "400" && (resp.StatusCode != http.StatusOK || v.Verdict != want):
+			t.Errorf("%q: HTTP %d %+v, want %s", query, resp.StatusCode, v, want)
+		}
 	}
 }

@@ -534,10 +534,10 @@ func TestWedgeOrderLedger(t *testing.T) {
 	if n := logs.count(`msg="wedge order failed a room"`); n != 2 || logs.count(`levers= age=60.0 poll=Transferring`) != 2 {
 		t.Fatalf("%d audit lines, want 2 with the rooms' last known age:\n%s", n, logs.b.String())
 	}
-	if v := h.wd.PrefillVerdict(1); v.Verdict != pluginapi.VerdictLive {
+	if v := h.wd.PrefillVerdict(pluginapi.VerdictQuery{RID: "head", Room: 1, AgeSeconds: 1000}); v.Verdict != pluginapi.VerdictLive {
 		t.Errorf("the wedged chunk's room: %+v, want live", v)
 	}
-	if v := h.wd.PrefillVerdict(2); v.Verdict != pluginapi.VerdictStopped {
+	if v := h.wd.PrefillVerdict(pluginapi.VerdictQuery{RID: "b", Room: 2, AgeSeconds: 1000}); v.Verdict != pluginapi.VerdictStopped {
 		t.Errorf("a room queued behind: %+v, want stopped", v)
 	}
 }

@@ -48,6 +48,9 @@ type roomState struct {
 	// counts as started).
 	dqueue  string
 	started bool
+	// waitingMemory: a prealloc request waiting for decode KV pages,
+	// which SGLang never times out; never stuck.
+	waitingMemory bool
 
 	stuck bool   // last verdict, for logging transitions
 	seen  uint64 // rank cycle of the last listing that held this room

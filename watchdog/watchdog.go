@@ -165,6 +165,9 @@ type Watchdog struct {
 	// callTimes holds, per budget, the requests acted on in the last
 	// minute, for the rate limits.
 	callTimes [numBudgets][]time.Time
+	// lookupLeft is what remains of one actuation's time for prefill
+	// verdict lookups (decode_lookup.go); under act.
+	lookupLeft time.Duration
 
 	wedgeOrders map[string]uint64 // by OrderResults
 	restarts    map[string]uint64
@@ -595,6 +598,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		r.seen = rk.cycle
 		r.age = lr.age
 		r.health = lr.health
+		r.waitingMemory = lr.waitingMemory
 		r.addr = lr.addr
 		r.prompt = lr.prompt
 	}

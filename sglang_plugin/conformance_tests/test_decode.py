@@ -10,10 +10,16 @@ SGLang's failure branch set, what its release path handed back, its
 metadata slot allocator, its failed-transfer counter.
 """
 
+import ast
+import inspect
+import linecache
 import os
+import socket
+import textwrap
 import time
 import unittest
 
+from sglang_watchdog_plugin import decode
 from sglang_watchdog_plugin.conformance import decode_bench, runtime, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
@@ -33,17 +39,79 @@ def setUpModule():
 
 
 def _source(obj):
-    import inspect
-
     return inspect.getsource(inspect.unwrap(obj))
+
+
+def _unused_port():
+    """A local port nobody listens on: a prefill peer whose bootstrap server cannot be reached."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _V0514Shape(ast.NodeTransformer):
+    """Takes out v0.5.18's two fixes: dropping failed requests from pending_reqs, and the None check before
+    a pending request's receiver is aborted ("kv_receiver may be None from a prior self.queue cleanup")."""
+
+    def visit_Assign(self, node):
+        if any(isinstance(t, ast.Attribute) and t.attr == "pending_reqs" for t in node.targets):
+            return ast.Pass()
+        return node
+
+    def visit_If(self, node):
+        self.generic_visit(node)
+        test = node.test
+        if isinstance(test, ast.Compare) and isinstance(test.left, ast.Attribute) and \
+                test.left.attr == "kv_receiver" and isinstance(test.ops[0], ast.IsNot):
+            return node.body
+        return node
+
+
+def v0_5_14_prealloc_methods():
+    """This release's pop_preallocated and _ensure_prefill_info without its fixes for SGLang v0.5.14's crash;
+    None where it has no such fixes.
+
+    v0.5.18 drops a failed request from ``pending_reqs`` as well as from ``queue``
+    ("DecodeRequest is shared between self.queue and self.pending_reqs") and checks
+    for a None receiver before giving up on a pending one; v0.5.14, which is not at
+    hand, had neither: its released request kept its place in ``pending_reqs``
+    without a receiver. Taking both out of the release's own code gives that shape,
+    everything else SGLang's.
+    """
+    queue = _RT.decode.DecodePreallocQueue
+    methods = {}
+    for name in ("pop_preallocated", "_ensure_prefill_info"):
+        fn = inspect.unwrap(getattr(queue, name, None) or (lambda: None))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (OSError, TypeError):
+            return None
+        shaped = ast.fix_missing_locations(_V0514Shape().visit(ast.parse(textwrap.dedent(inspect.getsource(fn)))))
+        if ast.dump(shaped) == ast.dump(tree):
+            return None
+        # The shaped source goes into linecache under a name of its own, so that the plugin's reading of the
+        # code (and tracebacks) see this shape, not the release's file.
+        source = ast.unparse(shaped) + "\n"
+        filename = f"<v0.5.14 shape of {name} from {inspect.getsourcefile(fn)}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+        namespace = {}
+        exec(compile(source, filename, "exec"), fn.__globals__, namespace)
+        methods[name] = namespace[fn.__name__]
+    return methods
 
 
 class _Backend:
     backend = None
 
     def setUp(self):
+        methods = {}
+        if self._testMethodName == "test_v0_5_14_shape_is_refused_and_sglang_dies_of_its_own_abort":
+            methods = v0_5_14_prealloc_methods()
+            if methods is None:
+                self.skipTest("this release's prealloc queue has not both fixes of v0.5.14's crash: "
+                              "no v0.5.14 shape derives from it")
         try:
-            self.bench = decode_bench.DecodeBench(_RT, self.backend)
+            self.bench = decode_bench.DecodeBench(_RT, self.backend, prealloc_methods=methods)
         except RuntimeError as e:
             if "builds its KV manager inline" in str(e):
                 self.skipTest(str(e))
@@ -151,6 +219,8 @@ class _Backend:
         # False, or None where the release's receiver keeps nothing that tells (the earliest Mooncake): the
         # watchdog reads None as unknown and holds the request. Never True: no page was sent to prefill yet.
         self.assertIn(row["transfer_started"], (False, None), "no page was sent to prefill yet")
+        # Its handshake is done and the pools are full: it waits for memory, which SGLang never times out.
+        self.assertIs(row["waiting_for_memory"], True)
         self.assertEqual(self.bench.queue_of(req.rid), "prealloc")
         self.assertIsNone(req.finished_reason)
         self.assertFalse(self._streamed(req.rid))
@@ -199,6 +269,63 @@ class _Backend:
                              "SGLang's prealloc pass now reads aborted receivers: the plugin's re-poll is not needed")
             self.assertIsNone(waiting.finished_reason)
             self.assertEqual(self.bench.listed(waiting.rid)["poll"], "Failed")
+
+    def _pending(self, port):
+        """A prealloc request whose prefill peer cannot be reached: SGLang keeps it in pending_reqs."""
+        prealloc = self.bench.scheduler.disagg_decode_prealloc_queue
+        if not hasattr(prealloc, "pending_reqs"):
+            self.skipTest("this release resolves no prefill peer in pending_reqs (before v0.5.10)")
+        if not self.levers:
+            self.skipTest(f"no lever here: {self.server['lever_note']}")
+        req = self.bench.admit_prealloc(self.room(), bootstrap_port=port)
+        decode_req = next((d for d in list(prealloc.pending_reqs) if d.req.rid == req.rid), None)
+        self.assertIsNotNone(decode_req, "the request is not resolving its prefill peer")
+        row = self.bench.listed(req.rid)
+        self.assertEqual((row["queue"], row["waiting_for_memory"]), ("prealloc", False))
+        return prealloc, req, decode_req
+
+    def _retry_fast(self, prealloc):
+        """SGLang gives up on an unreachable peer after 15 attempts 1 s apart (_ensure_prefill_info); 10 ms
+        apart here, so that its give-up path, which calls each pending request's receiver, runs within the test."""
+        self.bench.hold()
+        try:
+            prealloc._ensure_retry_interval = 0.01
+        finally:
+            self.bench.running.set()
+
+    def test_prealloc_request_resolving_its_peer_is_released_where_sglang_survives_it(self):
+        """Issue 18: released while still in pending_reqs; SGLang's pending path runs on without a receiver error."""
+        prealloc, req, decode_req = self._pending(_unused_port())
+        self.assertEqual(decode.pending_release_problem(type(prealloc)), "")
+        status, body = self.bench.force_fail(req)
+        self.assertEqual((status, body["result"]), (200, "flipped"), body)
+        _until(lambda: not self.bench.queued(req.rid), 10, "SGLang's prealloc pass to let the request go")
+        self.assertEqual(type(req.finished_reason).__name__, "FINISH_ABORT")
+        self._retry_fast(prealloc)
+        _until(lambda: all(d is not decode_req for d in list(prealloc.pending_reqs)), 10,
+               "SGLang's pending path to let the request go")
+        time.sleep(0.2)  # more passes; tearDown asserts that none raised
+
+    def test_v0_5_14_shape_is_refused_and_sglang_dies_of_its_own_abort(self):
+        """Issue 18: on v0.5.14's shape the plugin answers 501, and SGLang's own abort kills its pass."""
+        prealloc, req, decode_req = self._pending(_unused_port())
+        status, body = self.bench.force_fail(req)
+        self.assertEqual((status, body["result"]), (501, "unsupported"), body)
+        self.assertIn("pending_reqs", body["error"])
+        time.sleep(0.2)
+        self.assertEqual(self.bench.queue_of(req.rid), "prealloc", "a refused order changed something")
+        # What Scheduler.abort_request does to it, between two passes:
+        self.bench.hold()
+        try:
+            decode_req.kv_receiver.abort()
+        finally:
+            self.bench.running.set()
+        _until(lambda: not self.bench.queued(req.rid), 10, "SGLang's prealloc pass to fail its own abort")
+        self._retry_fast(prealloc)
+        _until(lambda: self.bench.errors, 10, "SGLang's pending path to call the cleared receiver")
+        self.bench.hold()
+        self.assertIn("NoneType", str(self.bench.errors[0]))
+        self.bench.errors.clear()  # expected here: SGLang's own abort, not the plugin's
 
     def test_deferred_decode_kv_release_is_absent(self):
         """Deferred decode KV release: proven absent by structure; the listing must say "not in this release"."""

@@ -48,6 +48,7 @@ from .orders import (
     record_failure,
     screen,
     transfer_succeeded,
+    unsupported,
 )
 
 logger = logging.getLogger("sglang_watchdog_plugin")
@@ -62,6 +63,7 @@ class ReceiverView(NamedTuple):
     progress: int  # -1: unknown
     chunks_expected: int | None
     transfer_started: bool | None
+    waiting_for_memory: bool = False
 
 
 _UNKNOWN_VIEW = ReceiverView(UNKNOWN, -1, None, None)
@@ -150,6 +152,20 @@ def _transfer_status(manager, room):
         return received, expected, done
     except Exception:  # a transfer thread changed it under us: unknown this time
         return -1, None, None
+
+
+def waiting_for_memory(decode_req, view):
+    """Whether a prealloc request waits for free KV pages: its handshake is done and its receiver not failed.
+
+    SGLang sets ``DecodeRequest.waiting_for_input`` on the WaitingForInput poll
+    of the handshake (``DecodePreallocQueue._update_handshake_waiters``, or
+    ``pop_preallocated`` on older releases; v0.4.6 to v0.5.18), and
+    ``pop_preallocated`` gives pages only to such requests, while pages are
+    free. Its waiting timeout starts when the metadata is sent, after that:
+    such a request waits as long as decode has no memory, and SGLang never
+    times it out.
+    """
+    return getattr(decode_req, "waiting_for_input", None) is True and view.poll != FAILED
 
 
 def _started(receiver, progress, poll):
@@ -271,6 +287,55 @@ def deferred_release(manager):
     return value if isinstance(value, bool) else None
 
 
+_pending_problems = {}
+
+
+def pending_release_problem(prealloc_cls):
+    """Why releasing a request still in ``pending_reqs`` would kill the decode scheduler, or "".
+
+    From v0.5.10 a prealloc request whose prefill peer is not resolved yet
+    sits in ``DecodePreallocQueue.pending_reqs`` too, and each pass's
+    ``_resolve_pending_reqs`` calls its receiver (``init``, or ``abort()``
+    after 15 failed attempts, ``_ensure_prefill_info``). Once released, the
+    failed request leaves ``queue`` in ``pop_preallocated``. Where that pass
+    also sets its ``kv_receiver`` to None but leaves it in ``pending_reqs``
+    (SGLang v0.5.14), the next call on the receiver raises AttributeError and
+    the scheduler dies, about 14 s later; SGLang's own ``abort_request`` does
+    the same there. v0.5.10 and v0.5.11 keep the receiver (``pop_preallocated``
+    clears nothing), v0.5.18 drops the failed request from ``pending_reqs``
+    too ("DecodeRequest is shared between self.queue and self.pending_reqs").
+    Read from the code, not from the version: a pass that cannot be read is
+    a problem.
+    """
+    known = _pending_problems.get(prealloc_cls)
+    if known is not None:
+        return known
+    name = "DecodePreallocQueue.pop_preallocated"
+    tree = capabilities._function_tree(getattr(prealloc_cls, "pop_preallocated", None))
+    if tree is None:
+        problem = (f"{name} cannot be read, so whether a released request still in pending_reqs keeps a receiver "
+                   "for SGLang's next _resolve_pending_reqs is unknown")
+    elif _assigns_none(tree, "kv_receiver") and not _assigns(tree, "pending_reqs"):
+        problem = (f"{name} sets a failed request's kv_receiver to None but leaves it in pending_reqs, where "
+                   "SGLang's next _resolve_pending_reqs calls that receiver (AttributeError: the decode scheduler "
+                   "dies); a request still resolving its prefill peer cannot be released on this SGLang")
+    else:
+        problem = ""
+    _pending_problems[prealloc_cls] = problem
+    return problem
+
+
+def _in_pending(scheduler, decode_req):
+    pending = getattr(getattr(scheduler, "disagg_decode_prealloc_queue", None), "pending_reqs", None) or ()
+    return any(d is decode_req for d in list(pending))
+
+
+def _assigns_none(tree, attr):
+    return any(isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
+               and any(isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets)
+               for node in ast.walk(tree))
+
+
 def can_register_deferred(manager):
     """Whether register_deferred_abort_room(room) can be called the way Scheduler.abort_request calls it."""
     register = getattr(manager, "register_deferred_abort_room", None)
@@ -345,6 +410,10 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
                            "the request has no KV receiver to abort", capabilities_for, WHERE)
     if refused is not None:
         return refused
+    if queue == PREALLOC and _in_pending(scheduler, decode_req):
+        problem = pending_release_problem(type(scheduler.disagg_decode_prealloc_queue))
+        if problem:
+            return unsupported(order.rid, problem)
     view = observe_receiver(receiver, room)
     if view.poll == SUCCESS:
         return transfer_succeeded(order.rid, room)

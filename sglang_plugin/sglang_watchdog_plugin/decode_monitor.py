@@ -206,7 +206,7 @@ class DecodeMonitor(Monitor):
             view = decode._UNKNOWN_VIEW
         if previous is not None and previous.progress > view.progress:
             view = view._replace(progress=previous.progress)  # progress never decreases
-        return (decode_req, facts, view)
+        return (decode_req, facts, view._replace(waiting_for_memory=decode.waiting_for_memory(decode_req, view)))
 
     # -- HTTP threads -----------------------------------------------------
 
@@ -251,4 +251,6 @@ def _row(facts, view, queue, now):
         "chunks_expected": view.chunks_expected,
         "transfer_started": view.transfer_started,
         "health_check": facts.health_check,
+        # Only the prealloc queue waits for memory; SGLang leaves the flag set in the transfer queue.
+        "waiting_for_memory": queue == decode.PREALLOC and view.waiting_for_memory,
     }

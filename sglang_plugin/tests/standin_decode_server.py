@@ -35,6 +35,9 @@ Options:
   live-0002. Cross-language tests set it to a room of the prefill
   stand-in's parity scene (pinned-0001's 9223372036854775001), so that a
   prefill watchdog that released that room can answer "stopped" for it.
+* ``--live-rid`` (live-0002): the rid of that request. Prefill verdicts
+  are bound to the request's rid (a router that gives both legs one rid),
+  so cross-language tests give it pinned-0001's rid as well.
 * ``--allow-restart``: sets SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART=1, as in
   standin_server.py (the SIGQUIT to the parent is logged, not sent).
 
@@ -113,7 +116,7 @@ LIVE_ROOM = 18446744073709551557
 HEALTHY_ROOM = 9223372036854775019
 
 
-def decode_scenario(backend, deferred, acks, deferred_timeout, live_room=LIVE_ROOM):
+def decode_scenario(backend, deferred, acks, deferred_timeout, live_room=LIVE_ROOM, live_rid="live-0002"):
     """Builds the scheduler and the per-pass tick of the "decode" scene."""
     manager = (standins.NixlDecodeKVManager if backend == "nixl" else standins.DecodeKVManager)(deferred)
     scheduler = standins.DecodeScheduler(backend=backend, manager=manager)
@@ -123,7 +126,7 @@ def decode_scenario(backend, deferred, acks, deferred_timeout, live_room=LIVE_RO
     scheduler.add_request("HEALTH_CHECK_1764403200.0", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None,
                           handshake=False)
     scheduler.add_request("warmup-0005", 0, host=standins.FAKE_BOOTSTRAP_HOST, port=None, handshake=False)
-    live = scheduler.add_request("live-0002", live_room, host="10.0.0.8", peer=peer)
+    live = scheduler.add_request(live_rid, live_room, host="10.0.0.8", peer=peer)
     healthy = scheduler.add_request("healthy-0003", HEALTHY_ROOM, host="10.0.0.7", peer=peer)
     # One pass before the plugin starts: the handshaken requests get pages and move to the transfer queue.
     standins.DecodeMixin.process_decode_queue.__wrapped__(scheduler)
@@ -175,18 +178,21 @@ def main():
     parser.add_argument("--prefill-acks", choices=("yes", "no"), default="yes")
     parser.add_argument("--deferred-timeout", type=float, default=standins.DEFERRED_RELEASE_TIMEOUT_S)
     parser.add_argument("--live-room", type=int, default=LIVE_ROOM)
+    parser.add_argument("--live-rid", default="live-0002")
     args = parser.parse_args()
     if args.deferred_timeout <= 0:
         parser.error("--deferred-timeout must be above 0")
     if not 0 < args.live_room < 2**64 or args.live_room in (WAITING_ROOM, HEALTHY_ROOM):
         parser.error("--live-room must be a room below 2^64, above 0 and not another request's")
+    if not args.live_rid or args.live_rid in ("waiting-0001", "healthy-0003", "warmup-0005"):
+        parser.error("--live-rid must be a rid, not another request's")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     plugin_environment(args.port, args.token_file, args.allow_restart)
     hook.install(standins.DecodeMixin, hook.DECODE_METHOD)
     deferred = {"on": True, "off": False, "absent": None}[args.deferred_release]
     scheduler, tick = decode_scenario(args.backend, deferred, args.prefill_acks == "yes", args.deferred_timeout,
-                                      args.live_room)
+                                      args.live_room, args.live_rid)
     loop = standins.SchedulerLoop(scheduler, interval=PASS_INTERVAL_S, before_pass=tick).start()
     loop.wait_passes(1)
     monitor = hook.monitor_for(scheduler)

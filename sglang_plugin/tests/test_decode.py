@@ -441,3 +441,86 @@ class RegressionsFoundOnSGLangTest(unittest.TestCase):
             self.assertEqual(outcome.status, 200, outcome)
             self.assertIs(decode_req.waiting_for_input, expected, f"dry_run={dry_run}")
         self.assertEqual(receiver.conclude_state, KVPoll.Failed)
+
+
+class PreallocIssue18Test(unittest.TestCase):
+    """Issue 18: prealloc requests waiting for memory, and releases SGLang would not survive."""
+
+    def start(self, scheduler):
+        loop, monitor = harness.start_loop(scheduler)
+        self.addCleanup(loop.stop)
+        self.addCleanup(monitor.close)
+        return loop, harness.Client(monitor.listener.port)
+
+    def rows(self, client):
+        status, body = client.get_json()
+        self.assertEqual(status, 200)
+        return {row["rid"]: row for row in body["decode_requests"]}
+
+    def test_waiting_for_memory_is_listed_as_such(self):
+        peer = standins.PrefillPeer()
+        pages = standins.PagePool(slots=2)
+        elsewhere = pages.alloc("running-1")  # a running request holds one page slot
+        s = standins.DecodeScheduler(pages=pages)
+        s.add_request("first-1", 11, peer=peer)
+        s.add_request("memory-1", 12, peer=peer)  # handshaken, but the last free page slot goes to first-1
+        s.add_request("booting-1", 13, peer=peer, handshake=False)
+        loop, client = self.start(s)
+        harness.wait_until(lambda: self.rows(client).get("memory-1", {}).get("poll") == "WaitingForInput")
+        rows = self.rows(client)
+        self.assertEqual((rows["memory-1"]["queue"], rows["memory-1"]["waiting_for_memory"]), ("prealloc", True))
+        self.assertIs(rows["booting-1"]["waiting_for_memory"], False)  # its handshake is not done
+        self.assertIs(rows["first-1"]["waiting_for_memory"], False)  # it has its pages
+        self.assertEqual(rows["first-1"]["queue"], "transfer")
+
+        loop.pause()
+        try:
+            pages.free(elsewhere)  # the running request finished
+        finally:
+            loop.resume()
+        harness.wait_until(lambda: self.rows(client)["memory-1"]["queue"] == "transfer")
+        self.assertIs(self.rows(client)["memory-1"]["waiting_for_memory"], False)
+
+    def test_release_of_a_pending_request_is_refused_where_sglang_would_die(self):
+        # The stand-in's pop_preallocated has SGLang v0.5.14's shape: it sets a failed request's kv_receiver to
+        # None and leaves it in pending_reqs, whose next _resolve_pending_reqs then raises AttributeError.
+        s = standins.DecodeScheduler()
+        pending = s.add_request("pending-1", 21, handshake=False)
+        resolved = s.add_request("resolved-1", 22, handshake=False)
+        s.disagg_decode_prealloc_queue.pending_reqs.append(pending)
+        _, client = self.start(s)
+        status, body = client.force_fail({"rid": "pending-1", "bootstrap_room": 21})
+        self.assertEqual((status, body["result"]), (501, "unsupported"), body)
+        self.assertIn("pending_reqs", body["error"])
+        self.assertIsNone(pending.kv_receiver.conclude_state, "a refused order changed the receiver")
+        status, body = client.force_fail({"rid": "pending-1", "dry_run": True})
+        self.assertEqual((status, body["result"]), (501, "unsupported"), body)
+        # A request whose peer is resolved (not in pending_reqs) is released as before.
+        status, body = client.force_fail({"rid": "resolved-1"})
+        self.assertEqual((status, body["result"]), (200, "flipped"), body)
+        harness.wait_until(lambda: s.num_bootstrap_failed_reqs == 1)
+
+    def test_pending_release_problem_is_read_from_the_code(self):
+        class Keeps:  # v0.5.10, v0.5.11: the failed request keeps its receiver
+            def pop_preallocated(self):
+                for decode_req in self.queue:
+                    decode_req.kv_receiver.clear()
+
+        class ClearsAndDrops:  # v0.5.18: gone from pending_reqs as well
+            def pop_preallocated(self, failed_ids):
+                for decode_req in self.queue:
+                    decode_req.kv_receiver = None
+                self.pending_reqs = [r for r in self.pending_reqs if id(r) not in failed_ids]
+
+        class ClearsOnly:  # v0.5.14
+            def pop_preallocated(self):
+                for decode_req in self.queue:
+                    decode_req.kv_receiver = None
+
+        class Unreadable:
+            pop_preallocated = staticmethod(len)
+
+        self.assertEqual(decode.pending_release_problem(Keeps), "")
+        self.assertEqual(decode.pending_release_problem(ClearsAndDrops), "")
+        self.assertIn("leaves it in pending_reqs", decode.pending_release_problem(ClearsOnly))
+        self.assertIn("cannot be read", decode.pending_release_problem(Unreadable))

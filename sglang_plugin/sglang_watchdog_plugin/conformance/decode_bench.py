@@ -100,10 +100,13 @@ def construct(cls, values, what):
 
 
 class DecodeBench(bench_module.Bench):
-    def __init__(self, rt, backend, pass_interval=0.005, metadata_slots=32):
+    def __init__(self, rt, backend, pass_interval=0.005, metadata_slots=32, prealloc_methods=None):
+        """``prealloc_methods`` replace methods of the release's DecodePreallocQueue (a scenario that derives
+        another release's shape from this one's code)."""
         self._awaiting_metadata = {}  # room -> (DecodeRequest, slot)
         self.bootstrap_port = rt.bootstrap_server(backend)[1]  # each backend has its own bootstrap server here
         self.metadata_slots = metadata_slots
+        self.prealloc_methods = prealloc_methods or {}
         super().__init__(rt, backend, pass_interval)
 
     def _pass_needs_requests(self):
@@ -164,7 +167,8 @@ class DecodeBench(bench_module.Bench):
         if "_init_kv_manager" not in _members(Prealloc):
             raise RuntimeError("this release's DecodePreallocQueue builds its KV manager inline (no "
                                "_init_kv_manager): it needs a GPU KV pool, which the bench cannot give it")
-        Prealloc = type("DecodePreallocQueue", (Prealloc,), {"_init_kv_manager": lambda self: manager})
+        Prealloc = type("DecodePreallocQueue", (Prealloc,),
+                        {**self.prealloc_methods, "_init_kv_manager": lambda self: manager})
         s.disagg_decode_prealloc_queue = None  # read by DecodeTransferQueue.extend on newer releases
         prealloc = construct(Prealloc, dict(
             req_to_token_pool=pool, token_to_kv_pool_allocator=pool, draft_token_to_kv_pool=None,
@@ -223,10 +227,14 @@ class DecodeBench(bench_module.Bench):
 
     # Requests -------------------------------------------------------------
 
-    def admit_prealloc(self, room, rid=None):
-        """A new request handed to SGLang's own DecodePreallocQueue.add, which makes its receiver."""
+    def admit_prealloc(self, room, rid=None, bootstrap_port=None):
+        """A new request handed to SGLang's own DecodePreallocQueue.add, which makes its receiver.
+
+        ``bootstrap_port``: where its prefill peer's bootstrap server is (default: the bench's own); a port nobody
+        listens on keeps the request resolving its peer, in ``pending_reqs`` from v0.5.10.
+        """
         req = sch.make_req(self.rt, room, rid=rid)
-        req.bootstrap_port = self.bootstrap_port
+        req.bootstrap_port = self.bootstrap_port if bootstrap_port is None else bootstrap_port
         req.req_pool_idx = None
         if hasattr(req, "kv"):
             req.kv = None
