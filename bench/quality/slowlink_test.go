@@ -99,3 +99,75 @@ func TestSlowlinkAccounting(t *testing.T) {
 		t.Fatalf("got  %+v\nwant %+v", st, want)
 	}
 }
+
+// TestSlowlinkMatrix is issue 17's false-positive matrix on the simulator,
+// with the watchdog as linked (its defaults; restarts on every 5 minutes):
+// no class of transfers that complete loses a room to a force-fail, a
+// wedge order or a restart, and on an RDMA-class link every stuck room is
+// released within the deadline + 3 s (the stall rule's silent pins and the
+// heads of wedged queues) or within 3 s of its wedge's diagnosis, none left
+// hung. On a ten times slower link, where the link margin rather than the
+// stall window decides, only the false failures are asserted: a stuck
+// chunk is told from a slow one later there (BENCHMARKS.md, the physical
+// limit). The late-error class is that limit's documented cost and is not
+// asserted.
+func TestSlowlinkMatrix(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays every class three times")
+	}
+	for _, run := range []struct {
+		median  time.Duration
+		configs []string
+	}{{100 * time.Millisecond, []string{"defaults", "restart-5m"}}, {time.Second, []string{"defaults"}}} {
+		slowlinkMatrix(t, run.median, run.configs)
+	}
+}
+
+func slowlinkMatrix(t *testing.T, median time.Duration, cfgNames []string) {
+	o := options{seed: 1, ranks: 4, healthy: 3000, duration: 30 * time.Minute, median: median, step: 100 * time.Millisecond,
+		deadline: time.Minute, stall: 30 * time.Second, hcEvery: 10 * time.Second, bootTime: sglangsim.DefaultBootTime,
+		stockTimeout: sglangsim.DefaultDecodeWaitingTimeout, decodeRanks: 1}
+	slack := 3 * time.Second
+	latency := median <= 100*time.Millisecond
+	for _, cfgName := range cfgNames {
+		cfg := configs(o)[cfgName]
+		for _, c := range slowlinkClasses() {
+			if c.name == "error-late" {
+				continue
+			}
+			r, err := replay(slowlinkTrace(o, c), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := slAnalyse(r)
+			where := median.String() + "/" + cfgName + "/" + c.name
+			if s.falseFF != 0 || s.falseWedge != 0 {
+				t.Errorf("%s: %d false force-fails, %d false wedge-order failures", where, s.falseFF, s.falseWedge)
+			}
+			if !c.stuck {
+				// A restart of a wedged server loses every room in it, by
+				// design; where nothing is stuck there must be none.
+				if s.restarts != 0 || s.diagnoses != 0 || s.lostCompletable != 0 {
+					t.Errorf("%s: %d restarts (%d completable rooms lost), %d wedges diagnosed, where nothing was stuck", where, s.restarts, s.lostCompletable, s.diagnoses)
+				}
+				continue
+			}
+			if s.stuck == 0 || s.released != s.stuck || s.hungStuck != 0 {
+				t.Errorf("%s: %d stuck rooms, %d released, %d left hung", where, s.stuck, s.released, s.hungStuck)
+			}
+			if !latency {
+				continue
+			}
+			if s.restarts == 0 {
+				// A restart ends rooms when it comes; only lever releases
+				// are held to the latency.
+				if m := maxDur(s.overDL); m > slack {
+					t.Errorf("%s: a stuck room released %s beyond the deadline, want within %s", where, m, slack)
+				}
+			}
+			if m := maxDur(s.afterDiagnosis); m > slack {
+				t.Errorf("%s: a room behind a diagnosed wedge got its error %s after the diagnosis, want within %s", where, m, slack)
+			}
+		}
+	}
+}
