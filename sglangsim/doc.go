@@ -360,6 +360,9 @@
 // never times out a Transferring room (upstream PR #31800). On Success the
 // request leaves the queues, decodes for 20 ms and frees its pages.
 //
+// The router sends a request to both servers, waits for both legs and
+// returns decode's response: Record.ClientAnswered is the later of the two.
+//
 // Nothing on a prefill release tells decode: neither the flip nor the Failed
 // branch sends KV_STATUS, and a transfer that fails by itself is treated the
 // same way (newest NIXL's KV_STATUS after a worker error is not modelled).

@@ -392,6 +392,21 @@ func (r Record) DecodeHold() time.Duration {
 	return r.DecodeReleased.Sub(r.DecodeAdmitted)
 }
 
+// ClientAnswered is when the client got its answer: the router sends a
+// request to prefill and decode at once, waits for both legs and returns
+// decode's response, so the client waits for the later of prefill's Left
+// and DecodeReleased (a prefill release alone answers no client). Left for
+// a request that never reached decode; zero while a leg is still open.
+func (r Record) ClientAnswered() time.Time {
+	if r.Left.IsZero() || r.DecodeRank < 0 {
+		return r.Left
+	}
+	if r.DecodeReleased.After(r.Left) || r.DecodeReleased.IsZero() {
+		return r.DecodeReleased
+	}
+	return r.Left
+}
+
 // Sim is a simulated SGLang PD prefill server and the decode server it
 // feeds. All methods are safe for concurrent use.
 type Sim struct {

@@ -37,6 +37,14 @@ type fate struct {
 	// "transfer may be live"; heldThenTimeout: of those, the ones
 	// SGLang's own waiting timeout released.
 	heldLive, heldThenTimeout int
+	// clientHang: from the room's entry into the inflight queue (where a
+	// pin begins) to the client's answer through a router that waits for
+	// both legs (Record.ClientAnswered), or to the end of the trace for the
+	// clientOpen ones still waiting; clientAfterRelease: from prefill's
+	// lever release to that answer.
+	clientHang         []time.Duration
+	clientOpen         int
+	clientAfterRelease []time.Duration
 }
 
 func (f *fate) add(rec sglangsim.Record, trig string, heldLive bool, end time.Time) {
@@ -62,6 +70,17 @@ func (f *fate) add(rec sglangsim.Record, trig string, heldLive bool, end time.Ti
 		f.held++
 		if !entered.IsZero() {
 			f.heldAge = append(f.heldAge, end.Sub(entered))
+		}
+	}
+	if !entered.IsZero() {
+		if at := rec.ClientAnswered(); at.IsZero() {
+			f.clientOpen++
+			f.clientHang = append(f.clientHang, end.Sub(entered))
+		} else {
+			f.clientHang = append(f.clientHang, at.Sub(entered))
+			if rec.Outcome == sglangsim.OutcomeFailedForced {
+				f.clientAfterRelease = append(f.clientAfterRelease, at.Sub(rec.Left))
+			}
 		}
 	}
 	if heldLive {

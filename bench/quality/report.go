@@ -234,6 +234,17 @@ func run(o options) int {
 		}
 		return fmt.Sprint(n)
 	})
+	row("client hang after a pin (router waits for both legs), median / p99 / max", func(r *replayResult, a *analysis) string {
+		all, open := pinsOf(a, func(f *fate) ([]time.Duration, int) { return f.clientHang, f.clientOpen })
+		if open == 0 {
+			return dist(all)
+		}
+		return fmt.Sprintf("%s (%d still waiting at the end)", dist(all), open)
+	})
+	row("… of pins released by a prefill lever: client answer after that release, median / p99 / max", func(r *replayResult, a *analysis) string {
+		all, _ := pinsOf(a, func(f *fate) ([]time.Duration, int) { return f.clientAfterRelease, 0 })
+		return dist(all)
+	})
 	row("decode-side watchdog", func(r *replayResult, a *analysis) string {
 		if r.cfg.watchdog && r.cfg.decode {
 			return "on"
@@ -241,13 +252,7 @@ func run(o options) int {
 		return "off"
 	})
 	row("decode slot held, pins, median / p99 / max", func(r *replayResult, a *analysis) string {
-		var all []time.Duration
-		open := 0
-		for _, k := range pinKinds {
-			all = append(all, a.byKind[k].decodeHold...)
-			open += a.byKind[k].decodeOpen
-		}
-		return holdString(all, open)
+		return holdString(pinsOf(a, func(f *fate) ([]time.Duration, int) { return f.decodeHold, f.decodeOpen }))
 	})
 	row("… of those the decode-side watchdog released", func(r *replayResult, a *analysis) string {
 		var all []time.Duration
@@ -318,7 +323,7 @@ func run(o options) int {
 
 	// Decode, per pin mechanism.
 	fmt.Printf("\n## Decode side, per pin mechanism (decode deadline %s, SGLang's waiting timeout %s, no deferred release as up to SGLang v0.5.18)\n\n", watchdog.DefaultDecodeDeadline, o.stockTimeout)
-	fmt.Printf("| configuration | class | decode slot held median / p99 / max | … those a decode force-fail released | how decode let go | held as \"transfer may be live\" (freed by SGLang's timeout) | pages freed under a live transfer: force-fail / timeout | corruptions caused: force-fail / timeout |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Printf("| configuration | class | client hang from the inflight queue, median / p99 / max | decode slot held median / p99 / max | … those a decode force-fail released | how decode let go | held as \"transfer may be live\" (freed by SGLang's timeout) | pages freed under a live transfer: force-fail / timeout | corruptions caused: force-fail / timeout |\n|---|---|---|---|---|---|---|---|---|\n")
 	for i, r := range mains {
 		for _, k := range append(append([]sglangsim.Kind{}, pinKinds...), sglangsim.KindBlockedByWedge) {
 			f := as[i].byKind[k]
@@ -326,7 +331,7 @@ func run(o options) int {
 			if r.cfg.watchdog && r.cfg.decode {
 				held = fmt.Sprintf("%d (%d)", f.heldLive, f.heldThenTimeout)
 			}
-			fmt.Printf("| %s | %s | %s | %s | %s | %s | %d / %d | %d / %d |\n", jobs[i].name, k, holdString(f.decodeHold, f.decodeOpen), dist(f.decodeHoldForced), ends(f.decodeEnd), held,
+			fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %d / %d | %d / %d |\n", jobs[i].name, k, dist(f.clientHang), holdString(f.decodeHold, f.decodeOpen), dist(f.decodeHoldForced), ends(f.decodeEnd), held,
 				as[i].unsafeByKind[k][sglangsim.DecodeForceFail], as[i].unsafeByKind[k][sglangsim.DecodeTimeout],
 				as[i].corruptByKind[k][sglangsim.DecodeForceFail], as[i].corruptByKind[k][sglangsim.DecodeTimeout])
 		}
@@ -475,6 +480,17 @@ func run(o options) int {
 	}
 	fmt.Printf("\ntotal wall time %s\n", time.Since(t0).Round(100*time.Millisecond))
 	return 0
+}
+
+// pinsOf pools one statistic over the pin mechanisms: its durations, and
+// how many were still open at the end of the trace.
+func pinsOf(a *analysis, get func(f *fate) ([]time.Duration, int)) (all []time.Duration, open int) {
+	for _, k := range pinKinds {
+		ds, n := get(a.byKind[k])
+		all = append(all, ds...)
+		open += n
+	}
+	return all, open
 }
 
 // holdString is "median / p99 / max" of decode hold times, saying how
