@@ -392,6 +392,22 @@ func (d *dreq) observe(v pview) {
 	d.started = d.started || v.posted
 }
 
+// transferStarted is what the decode plugin reports as transfer_started
+// (sglang_watchdog_plugin/decode.py _started): a chunk seen, or the
+// destination metadata sent. SGLang sends the metadata before the request
+// enters the transfer queue (SGLang v0.5.18 disaggregation/decode.py
+// DecodePreallocQueue.pop_preallocated calls kv_receiver.send_metadata),
+// and from then on prefill holds the destination pages and may write at
+// any time: NIXL sets started_transfer there (v0.5.18 nixl/conn.py
+// NixlKVReceiver.send_metadata; init() from v0.4.6 to v0.5.3), Mooncake
+// init_time (v0.5.18 mooncake/conn.py MooncakeKVReceiver.send_metadata;
+// init() from v0.4.10). A request in the transfer queue has therefore
+// started, whether or not prefill's worker has posted a chunk yet. The
+// fake receiver of health checks moves no data.
+func (d *dreq) transferStarted() bool {
+	return !d.fake && (d.inTransfer || d.started || d.poll == pollTransferring)
+}
+
 // receiverPoll is the receiver's poll() (SGLang v0.5.18: the receivers'
 // poll() in disaggregation/nixl/conn.py and mooncake/conn.py): a latched
 // Failed, Success once every chunk arrived, the heartbeat's Failed after a
@@ -710,7 +726,7 @@ func (dr *drank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Tim
 			Error: "the transfer of rid " + strconv.Quote(d.rid) + " succeeded; the scheduler moves it on by itself"}
 	}
 	failed := d.aborted || d.poll == pollFailed
-	if d.inTransfer && d.started && !failed && !req.PrefillStopped {
+	if d.transferStarted() && !failed && !req.PrefillStopped {
 		return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultTransferLive, RID: d.rid, BootstrapRoom: &room,
 			Error: "the KV transfer into the pages of rid " + strconv.Quote(d.rid) +
 				" has started and not finished, and prefill_stopped was not asserted; releasing its pages now could let a late write corrupt another request"}
@@ -770,21 +786,13 @@ func (dr *drank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		r := pluginapi.DecodeRequest{RID: d.rid, BootstrapRoom: d.room, BootstrapAddr: d.addr, Queue: queue,
 			Poll: d.poll.String(), AgeSeconds: now.Sub(d.admitted).Seconds(), Progress: -1,
 			HealthCheck: d.healthCheck(), WaitingForMemory: queue == pluginapi.DecodeQueuePrealloc && d.waitingMemory}
-		started := false
-		switch {
-		case d.fake:
-		case nixl:
+		if nixl && !d.fake {
 			r.Progress = d.progress
 			if d.expected >= 0 {
 				r.ChunksExpected = ptrTo(d.expected)
 			}
-			started = d.started
-		default:
-			// Mooncake exposes no chunk counts; its receiver says
-			// Transferring once the transfer started.
-			started = d.poll == pollTransferring
 		}
-		r.TransferStarted = &started
+		r.TransferStarted = ptrTo(d.transferStarted())
 		l.DecodeRequests = append(l.DecodeRequests, r)
 	}
 	for _, d := range dr.prealloc {

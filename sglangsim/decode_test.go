@@ -281,11 +281,12 @@ func TestDecodeLeverDeferred(t *testing.T) {
 	absent, _ := s.Inject(0, PinAbortBeforeRegister)
 	wedged, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, DecodePort: 17001})
 	run(s, c, 5*time.Second, 100*time.Millisecond)
-	if d := mustDecodeReq(t, s.DecodeListing(0), absent); *d.TransferStarted || d.Progress != 0 {
+	if d := mustDecodeReq(t, s.DecodeListing(0), absent); !*d.TransferStarted || d.Progress != 0 {
 		t.Fatalf("absent room %+v", d)
 	}
-	// Not started: no prefill_stopped needed.
-	mustDecodeFlip(t, s, absent, false, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
+	// Its metadata went out: prefill_stopped is needed (prefill dropped
+	// the room).
+	mustDecodeFlip(t, s, absent, true, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
 	mustDecodeFlip(t, s, wedged, true, pluginapi.LeverAbort, pluginapi.LeverDeferredAbort)
 	flipAt := c.Now()
 	run(s, c, 100*time.Millisecond, 100*time.Millisecond)
@@ -401,8 +402,8 @@ func TestDecodeCorruption(t *testing.T) {
 	}{
 		{"stuck handle", RequestSpec{Behavior: BehaviorPinStuckHandle, DecodePort: 17002}, true, true},
 		{"resurrection", RequestSpec{Behavior: BehaviorPinResurrection, DecodePort: 17002}, true, false},
-		{"abort before register", RequestSpec{Behavior: BehaviorPinAbortBeforeRegister, DecodePort: 17002}, false, false},
-		{"behind the wedge", RequestSpec{DecodePort: 17005, Transfer: time.Second}, false, false},
+		{"abort before register", RequestSpec{Behavior: BehaviorPinAbortBeforeRegister, DecodePort: 17002}, true, false},
+		{"behind the wedge", RequestSpec{DecodePort: 17005, Transfer: time.Second}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, c := newSim(t, Options{})
@@ -533,7 +534,7 @@ func TestDecodeLive(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	mustDecodeFlip(t, s, rid, false, pluginapi.LeverAbort)
+	mustDecodeFlip(t, s, rid, true, pluginapi.LeverAbort)
 	for {
 		if r := recordOf(t, s, rid); r.DecodeEnd == DecodeForceFail && !r.DecodeReleased.IsZero() {
 			return
@@ -655,5 +656,43 @@ func TestDecodeWaitingForMemory(t *testing.T) {
 	run(s, c, 3*time.Second, 100*time.Millisecond)
 	if w, ok := decodeReq(s.DecodeListing(0), waiting); ok && (w.Queue != pluginapi.DecodeQueueTransfer || w.WaitingForMemory) {
 		t.Fatalf("a slot freed, but: %+v", w)
+	}
+}
+
+// TestDecodeStartedOnceMetadataSent: a decode request in the transfer queue
+// has sent its destination metadata, so prefill may write into its pages at
+// any moment even though prefill's worker has posted no chunk yet (a healthy
+// room queued behind a wedged one): SGLang's receiver says so (NIXL
+// started_transfer, Mooncake init_time, both set in send_metadata in
+// v0.5.18), the plugin lists transfer_started true and refuses an order
+// without prefill_stopped. One still in the prealloc queue sent nothing.
+// Before the fix the simulator listed the queued room as not started, and
+// the watchdog freed its pages with prefill's write about to start.
+func TestDecodeStartedOnceMetadataSent(t *testing.T) {
+	for _, backend := range []string{BackendNIXL, BackendMooncake} {
+		t.Run(backend, func(t *testing.T) {
+			s, c := newSim(t, Options{Backend: backend, DecodeSlots: 2})
+			s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, DecodePort: 17001, Bootstrap: time.Millisecond})
+			run(s, c, time.Second, 100*time.Millisecond)
+			queued, _ := s.Submit(RequestSpec{DecodePort: 17001, Transfer: time.Second})
+			run(s, c, 2*time.Second, 100*time.Millisecond)
+			waiting, _ := s.Submit(RequestSpec{DecodePort: 17002, Transfer: time.Second})
+			run(s, c, 3*time.Second, 100*time.Millisecond)
+			l := s.DecodeListing(0)
+			d := mustDecodeReq(t, l, queued)
+			if d.Queue != pluginapi.DecodeQueueTransfer || d.Poll != pluginapi.PollWaitingForInput || d.Progress > 0 || !*d.TransferStarted {
+				t.Fatalf("queued behind the wedge: %+v started %v, want transfer_started", d, *d.TransferStarted)
+			}
+			if w := mustDecodeReq(t, l, waiting); w.Queue != pluginapi.DecodeQueuePrealloc || *w.TransferStarted {
+				t.Fatalf("waiting for memory: %+v started %v, want not started", w, *w.TransferStarted)
+			}
+			if st, ff := decodeFF(s, queued, false, false); st != 409 || ff.Result != pluginapi.ResultTransferLive {
+				t.Fatalf("an order without prefill_stopped: %d %+v, want transfer_live", st, ff)
+			}
+			run(s, c, time.Second, 100*time.Millisecond)
+			if r := recordOf(t, s, queued); !r.DecodeReleased.IsZero() {
+				t.Fatalf("freed: %+v", r)
+			}
+		})
 	}
 }

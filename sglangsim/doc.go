@@ -351,8 +351,10 @@
 // delivered: its receiver reads Success and it moves on the same way, and
 // never sits in the prealloc queue with a Success poll.) There it reads what the prefill side's senders did:
 // progress is the chunks written (summed over prefill's PP stages,
-// chunks_expected = chunks per stage x stages), transfer_started once a
-// chunk was posted. The receiver's poll is a latched Failed (abort), Success
+// chunks_expected = chunks per stage x stages), transfer_started from the
+// metadata on (the whole transfer queue: SGLang v0.5.18 sets NIXL's
+// started_transfer and Mooncake's init_time in send_metadata, after which
+// prefill may write at any time), or once a chunk was posted. The receiver's poll is a latched Failed (abort), Success
 // once every chunk of every stage arrived, else WaitingForInput, except on
 // Mooncake once the transfer started: Transferring. The waiting timeout
 // (DecodeWaitingTimeout, 300 s from init_time) fails WaitingForInput rooms,
@@ -419,9 +421,13 @@
 // free slot is harmless), and a wedged handle's write, which can land at
 // any time, lands as soon as the slot has a new owner. The owner's record
 // gets CorruptedBy, and Corruptions lists each landing. A prefill restart
-// ends the writes. So the pins leave decode as follows: ABORT-before-register
-// and the rooms queued behind a wedged worker have not started (safe to
-// release, no prefill_stopped needed); the resurrection pin started and has
+// ends the writes. (A chunk that prefill posts only after the free is not
+// counted, and the simulator's prefill does not act on decode's ABORT: a
+// decode release that did not wait for prefill_stopped after the metadata
+// went out is undercounted.) So the pins leave decode as follows: ABORT-before-register
+// and the rooms queued behind a wedged worker have no chunk in flight (safe
+// once prefill stopped them, but prefill_stopped must be asserted: their
+// metadata was sent); the resurrection pin started and has
 // every chunk settled (safe, but prefill_stopped must be asserted); the
 // stuck handle has a chunk outstanding for ever (unsafe until prefill
 // restarts).
