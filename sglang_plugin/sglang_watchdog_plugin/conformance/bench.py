@@ -9,6 +9,7 @@ chunk by chunk, then the request appended to the inflight queue on the
 scheduler thread.
 """
 
+import itertools
 import json
 import os
 import threading
@@ -18,6 +19,10 @@ import urllib.request
 
 from . import scheduler as sch
 from . import transports
+
+# Bootstrap rooms are unique in SGLang; here too, across every bench of a process: SGLang's leftover
+# managers of earlier benches and the fabric's plans are keyed by room.
+_first_rooms = itertools.count(900000)
 
 
 class Bench:
@@ -37,18 +42,20 @@ class Bench:
         self._held = threading.Event()
         self._thread = None
         self.links = {}
-        self._first_rooms = iter(range(900000, 999999))
         self.after_pass = []  # callables run on the scheduler thread after each pass (the server's stats)
         self.scheduler = self._scheduler()
         self.needs_requests = self._pass_needs_requests()
+        from .. import capabilities
+
+        # Read once: the fabric asks for every transfer, from SGLang's worker threads.
+        self._queue_key = capabilities.queue_key(self.prefill_mgr)
         transports.fabric.queue_of = self.transfer_queue_of
 
     def transfer_queue_of(self, room):
         """The transfer queue SGLang's manager puts this room's chunks in, as the plugin computes it."""
         from .. import capabilities
 
-        manager = self.prefill_mgr
-        return capabilities.queue_of(capabilities.queue_key(manager), manager, room)
+        return capabilities.queue_of(self._queue_key, self.prefill_mgr, room)
 
     def _scheduler(self):
         return sch.prefill_scheduler(self.rt, self.backend, self.prefill_mgr)
@@ -63,7 +70,7 @@ class Bench:
         self._thread.start()
         if self.needs_requests:
             # The plugin starts at its first hooked pass, which such an event loop makes only for a request.
-            self.admit(next(self._first_rooms), transports.COMPLETE, rid="bench-first-request")
+            self.admit(next(_first_rooms), transports.COMPLETE, rid="bench-first-request")
         sch._until(lambda: self.monitor is not None, 30, "the plugin's first hooked pass")
         return self
 

@@ -471,39 +471,57 @@ def load(*modules):
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("SGLANG_HOST_IP", "127.0.0.1")
     _shim_torch()
-    out = []
-    for name in modules:
-        for _ in range(_MAX_RETRIES):
-            try:
-                out.append(importlib.import_module(name))
-                break
-            except ModuleNotFoundError as e:
-                missing = e.name or ""
-                if not _third_party(missing):
-                    raise
-                placeholder(missing)
-            except ImportError as e:
-                # "cannot import name X from Y": Y is there but not the one SGLang was written for.
-                owner = getattr(e, "name", None)
-                if not _third_party(owner) or owner in _finder.roots:
-                    raise
-                placeholder(owner)
-            except AttributeError as e:
-                obj = getattr(e, "obj", None)
-                attr = getattr(e, "name", None)
-                if not isinstance(obj, types.ModuleType) or not _third_party(obj.__name__) or not attr:
-                    kernel = _failing_kernel_module(e)
-                    if kernel is None or kernel in _finder.roots:
-                        raise
-                    placeholder(kernel)
-                    continue
-                setattr(obj, attr, _stand_in_attribute(obj, attr))
-                loaded.attributes.add(f"{obj.__name__}.{attr}")
-            except Exception as e:
+    _pin_loopback()
+    return [_import(name) for name in modules]
+
+
+def _pin_loopback():
+    """SGLang finds its own address by the route to a public one (``get_local_ip_by_remote``) wherever
+    SGLANG_HOST_IP is not read (Mooncake and the common bootstrap before v0.5): on a machine with an
+    interface that is the interface's address. Every socket of the suite stays on 127.0.0.1."""
+    name = "sglang.srt.utils.get_local_ip_by_remote"
+    if name in loaded.attributes:
+        return
+    _import("sglang.srt.utils")  # the package imports the module defining it (utils/network.py, utils/common.py)
+    for module in [m for n, m in list(sys.modules.items()) if n == "sglang.srt.utils" or n.startswith("sglang.srt.utils.")]:
+        if hasattr(module, "get_local_ip_by_remote"):
+            module.get_local_ip_by_remote = _loopback
+    loaded.attributes.add(name)
+
+
+def _loopback():
+    return "127.0.0.1"
+
+
+def _import(name):
+    for _ in range(_MAX_RETRIES):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            missing = e.name or ""
+            if not _third_party(missing):
+                raise
+            placeholder(missing)
+        except ImportError as e:
+            # "cannot import name X from Y": Y is there but not the one SGLang was written for.
+            owner = getattr(e, "name", None)
+            if not _third_party(owner) or owner in _finder.roots:
+                raise
+            placeholder(owner)
+        except AttributeError as e:
+            obj = getattr(e, "obj", None)
+            attr = getattr(e, "name", None)
+            if not isinstance(obj, types.ModuleType) or not _third_party(obj.__name__) or not attr:
                 kernel = _failing_kernel_module(e)
                 if kernel is None or kernel in _finder.roots:
                     raise
                 placeholder(kernel)
-        else:
-            raise ImportError(f"gave up importing {name} after {_MAX_RETRIES} stand-ins")
-    return out
+                continue
+            setattr(obj, attr, _stand_in_attribute(obj, attr))
+            loaded.attributes.add(f"{obj.__name__}.{attr}")
+        except Exception as e:
+            kernel = _failing_kernel_module(e)
+            if kernel is None or kernel in _finder.roots:
+                raise
+            placeholder(kernel)
+    raise ImportError(f"gave up importing {name} after {_MAX_RETRIES} stand-ins")

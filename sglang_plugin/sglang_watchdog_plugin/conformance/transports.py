@@ -30,6 +30,7 @@ import itertools
 import re
 import threading
 import time
+import traceback
 import types
 
 from .loader import install_module
@@ -342,8 +343,14 @@ class MooncakeEngine:
         return 0
 
     def _sync(self, address):
-        room, aux = fabric.room_at(address)
-        transfer = fabric.start(room, aux=aux)
+        try:
+            room, aux = fabric.room_at(address)
+            transfer = fabric.start(room, aux=aux)
+        except Exception:
+            # SGLang's engine wrapper takes any exception for a failed transfer (-1) and says nothing: a fault
+            # of this fake must not pass for the room's plan.
+            traceback.print_exc()
+            raise
         while True:
             now = time.monotonic()
             state = transfer.settle(now)
