@@ -356,6 +356,10 @@ func (d *fastDecoder) server(s *Server) func([]byte) bool {
 			s.DeferredRelease, ok = d.boolPtr()
 		case "transfer_tracking":
 			s.TransferTracking, ok = d.boolPtr()
+		case "transfer_ranks":
+			s.TransferRanks, ok = d.intPtr()
+		case "transfer_ranks_watched":
+			s.TransferRanksWatched, ok = d.intPtr()
 		case "transfer_progress":
 			s.TransferProgress, ok = d.boolPtr()
 		}

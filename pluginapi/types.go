@@ -234,6 +234,15 @@ type Server struct {
 	// transfer_in_flight of false may only mean the backend exposes
 	// nothing, and proves nothing.
 	TransferTracking *bool `json:"transfer_tracking,omitempty"`
+	// TransferRanks is how many ranks send KV for this listener's requests
+	// (prefill's attention TP x CP group: each rank runs its own transfer
+	// workers into its decode peer's pages), and TransferRanksWatched how
+	// many of them transfer_in_flight covers, each read within the last few
+	// seconds (round 5). Only when both are given and equal does a false
+	// transfer_in_flight say that no rank is writing; nil: absent (an older
+	// plugin, which reads the leader's manager only).
+	TransferRanks        *int `json:"transfer_ranks,omitempty"`
+	TransferRanksWatched *int `json:"transfer_ranks_watched,omitempty"`
 	// TransferProgress is true on prefill when the plugin watches every
 	// transfer worker and reports Listing.TransferWorkers (round 4).
 	TransferProgress *bool `json:"transfer_progress,omitempty"`
@@ -317,4 +326,15 @@ type RestartResponse struct {
 	// RetryAfterS is when the plugin would allow a restart again, in whole
 	// seconds (429 too_soon only).
 	RetryAfterS int `json:"retry_after_s,omitempty"`
+}
+
+// SeesEveryWriter tells whether a transfer_in_flight of false in this
+// listing proves that no rank is writing the room's KV: the per-room count
+// of outstanding chunks is read (transfer_tracking) on every rank of the
+// group that sends (transfer_ranks_watched == transfer_ranks). Anything
+// absent fails closed.
+func (s *Server) SeesEveryWriter() bool {
+	return s.TransferTracking != nil && *s.TransferTracking &&
+		s.TransferRanks != nil && s.TransferRanksWatched != nil &&
+		*s.TransferRanks >= 1 && *s.TransferRanksWatched >= *s.TransferRanks
 }

@@ -1283,6 +1283,8 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	// transfer_in_flight below is read from that count exactly where it
 	// exists, so the listing can say a false proves no chunk in flight.
 	srv.TransferTracking = &queues
+	// One rank per group: the simulator models no attention TP.
+	srv.TransferRanks, srv.TransferRanksWatched = intPtr(1), intPtr(1)
 	round4 := s.roundFour()
 	if !s.opts.PreRound4Plugin {
 		srv.TransferProgress = &round4

@@ -158,7 +158,7 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
 			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlightKnown: r.inFlightKnown, inFlight: r.inFlightKnown && r.inFlight,
-				tracked: rk.server.TransferTracking != nil && *rk.server.TransferTracking, dqueue: r.dqueue, started: r.started, age: r.age, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+				tracked: rk.server.SeesEveryWriter(), dqueue: r.dqueue, started: r.started, age: r.age, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked
@@ -1032,9 +1032,9 @@ func (w *Watchdog) orderFailed(c orderCall, f pluginapi.FailedRoom, dry bool, at
 				family: TransferFailedFamily, baseline: c.since, age: age, poll: poll})
 			// Decode may free the room's pages only if prefill stopped
 			// sending: never for the room of the wedged chunk, nor for one
-			// whose chunks in flight the plugin cannot see.
+			// whose chunks in flight the plugin cannot see on every rank.
 			stopped := r != nil && f.BootstrapRoom != c.wedge.room && r.chunk == noChunk && r.inFlightKnown && !r.inFlight &&
-				rk.server.TransferTracking != nil && *rk.server.TransferTracking
+				rk.server.SeesEveryWriter()
 			w.ledger.add(roomKey{rid: f.RID, room: f.BootstrapRoom}, at, stopped)
 		}
 	}

@@ -14,8 +14,9 @@ type entry struct {
 	health   bool
 	prompt   int
 	// Prefill only (nil on decode and with an older plugin). tracked: the
-	// listing says inFlight is read from the backend (server
-	// transfer_tracking), so that false means no chunk in flight.
+	// listing says inFlight is read from the backend on every rank that
+	// sends (Server.SeesEveryWriter), so that false means no chunk in
+	// flight anywhere.
 	inFlight *bool
 	queue    *int
 	tracked  bool
@@ -50,7 +51,7 @@ func entries(l *pluginapi.Listing) []entry {
 		}
 		return out
 	}
-	tracked := l.Server.TransferTracking != nil && *l.Server.TransferTracking
+	tracked := l.Server.SeesEveryWriter()
 	out := make([]entry, len(l.Inflight))
 	for i := range l.Inflight {
 		r := &l.Inflight[i]

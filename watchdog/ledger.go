@@ -152,9 +152,10 @@ func (w *Watchdog) PrefillVerdict(q pluginapi.VerdictQuery) pluginapi.RoomVerdic
 // prefillVerdict: in_queue while a prefill listing holds the room; live
 // while one lists it as an orphaned transfer, or when the request was
 // released with a chunk in flight or by a plugin that cannot see chunks
-// in flight; stopped only when the request of q's rid was released, after
-// the decode request was first seen, with none in flight and never
-// orphaned since, while every prefill rank is read; unknown otherwise.
+// in flight on every rank of its group; stopped only when the request of
+// q's rid was released, after the decode request was first seen, with
+// none in flight and never orphaned since, while every configured rank
+// and every PP stage the listings name is read; unknown otherwise.
 // Caller holds w.mu.
 func (w *Watchdog) prefillVerdict(q pluginapi.VerdictQuery, now time.Time) pluginapi.RoomVerdict {
 	room := q.Room
@@ -165,7 +166,12 @@ func (w *Watchdog) prefillVerdict(q pluginapi.VerdictQuery, now time.Time) plugi
 	}
 	down := ""
 	for _, rk := range w.ranks {
-		if !rk.listed || rk.role != RolePrefill {
+		if !rk.listed {
+			// It may be a prefill rank still sending for the room.
+			down = "a configured plugin that never listed"
+			continue
+		}
+		if rk.role != RolePrefill {
 			continue
 		}
 		if !rk.status.up {
@@ -180,6 +186,11 @@ func (w *Watchdog) prefillVerdict(q pluginapi.VerdictQuery, now time.Time) plugi
 		if _, ok := rk.orphans[room]; ok {
 			v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer by "+rk.name()
 			return v
+		}
+	}
+	for dp, missing := range w.missingStages {
+		if dp.role == RolePrefill && missing > 0 {
+			down = fmt.Sprintf("prefill DP rank %d, %d of whose PP stages are not configured,", dp.dp, missing)
 		}
 	}
 	released := w.ledger.get(room, now)
@@ -206,9 +217,9 @@ func (w *Watchdog) prefillVerdict(q pluginapi.VerdictQuery, now time.Time) plugi
 	case e.orphaned:
 		v.Verdict, v.Reason = pluginapi.VerdictLive, "listed as an orphaned transfer after its release"
 	case !e.stopped:
-		v.Verdict, v.Reason = pluginapi.VerdictLive, "a chunk was in flight at the release, or the plugin cannot see chunks in flight (no transfer_tracking)"
+		v.Verdict, v.Reason = pluginapi.VerdictLive, "a chunk was in flight at the release, or the plugin cannot see chunks in flight on every rank that sends (transfer_tracking, transfer_ranks_watched < transfer_ranks)"
 	case down != "":
-		v.Reason = "released with no chunk in flight, but the listing of " + down + " failed: an orphan could go unseen"
+		v.Reason = "released with no chunk in flight, but " + down + " is not read: an orphan could go unseen"
 	default:
 		v.Verdict, v.Reason = pluginapi.VerdictStopped, "released with no chunk in flight, never orphaned since"
 	}

@@ -73,7 +73,7 @@ func askA(room uint64) pluginapi.VerdictQuery {
 func combined(t *testing.T, prefillRoom pluginapi.Room) (*decodeHarness, *fakePlugin, *fakeDecode) {
 	t.Helper()
 	p, d := newFakePlugin("http://127.0.0.1:28100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
-	p.server.TransferTracking = boolp(true)
+	p.seesEveryWriter(1, 1)
 	p.set(prefillRoom)
 	d.set(dreq(prefillRoom.RID, prefillRoom.BootstrapRoom, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 100, boolp(true)))
 	return newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil), p, d
@@ -135,6 +135,20 @@ func TestLedgerVerdicts(t *testing.T) {
 		h.tick(110)
 		wantHeldLive(t, h, p, d)
 	})
+	t.Run("TP2, only the leader's rank watched: live", func(t *testing.T) {
+		// Issue 18: the other rank's own transfer worker may still write
+		// into its decode peer's pages.
+		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
+		p.seesEveryWriter(2, 1)
+		h.tick(110)
+		wantHeldLive(t, h, p, d)
+	})
+	t.Run("a plugin that does not say how many ranks send: live", func(t *testing.T) {
+		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
+		p.server.TransferRanks, p.server.TransferRanksWatched = nil, nil
+		h.tick(110)
+		wantHeldLive(t, h, p, d)
+	})
 	t.Run("in flight at release: live", func(t *testing.T) {
 		h, p, d := combined(t, r2room("a", 11, 0, 0, true))
 		h.tick(110)
@@ -154,6 +168,29 @@ func TestLedgerVerdicts(t *testing.T) {
 			t.Fatalf("%d decode calls, want the request held", n)
 		}
 	})
+	t.Run("a configured rank that never listed", func(t *testing.T) {
+		// Issue 18: it may be the prefill rank still sending for the room.
+		p, d := newFakePlugin("http://127.0.0.1:28100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
+		p.seesEveryWriter(1, 1)
+		p.set(r2room("a", 11, 0, 0, false))
+		d.set(dreq("a", 11, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 100, boolp(true)))
+		silent := newFakePlugin("http://127.0.0.1:28101", 1)
+		silent.listErr = errors.New("connection refused")
+		h := newDecodeHarness(t, []*fakePlugin{p, silent}, []*fakeDecode{d}, nil)
+		h.tick(80)
+		if p.callCount() != 1 {
+			t.Fatalf("prefill calls %d, want the room released", p.callCount())
+		}
+		wantUnread(t, h.wd.PrefillVerdict(askA(11)))
+	})
+	t.Run("a PP stage the listing names is not configured", func(t *testing.T) {
+		h, p, _ := combined(t, r2room("a", 11, 0, 0, false))
+		p.mu.Lock()
+		p.server.PPSize = 2
+		p.mu.Unlock()
+		h.tick(80)
+		wantUnread(t, h.wd.PrefillVerdict(askA(11)))
+	})
 	t.Run("unknown room and health-check room", func(t *testing.T) {
 		h, _, _ := combined(t, r2room("a", 11, 0, 0, false))
 		h.tick(1)
@@ -163,6 +200,14 @@ func TestLedgerVerdicts(t *testing.T) {
 			}
 		}
 	})
+}
+
+// wantUnread checks that a verdict is unknown because a rank is not read.
+func wantUnread(t *testing.T, v pluginapi.RoomVerdict) {
+	t.Helper()
+	if v.Verdict != pluginapi.VerdictUnknown || !strings.Contains(v.Reason, "is not read") || strings.Contains(v.Reason, "127.0.0.1") {
+		t.Errorf("verdict %+v, want unknown: a rank is not read (and no address named)", v)
+	}
 }
 
 // The verdict API answers any decode-side caller: its reasons name the
@@ -203,7 +248,7 @@ func TestVerdictReasonsNameNoAddress(t *testing.T) {
 // watchdog asks it through the real client.
 func TestVerdictOverHTTP(t *testing.T) {
 	p := newFakePlugin("http://127.0.0.1:28100", 0)
-	p.server.TransferTracking = boolp(true)
+	p.seesEveryWriter(1, 1)
 	p.set(r2room("a", 1<<64-1, 0, 0, false))
 	pre := newDecodeHarness(t, []*fakePlugin{p}, nil, nil)
 	var hits atomic.Int64
@@ -308,7 +353,7 @@ func TestLedgerVerdictNeverAnswersForALaterRequest(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, d := newFakePlugin("http://127.0.0.1:28100", 0), newFakeDecode("http://127.0.0.1:30200", 0)
-			p.server.TransferTracking = boolp(true)
+			p.seesEveryWriter(1, 1)
 			p.set(r2room("old", 77, 0, 0, false))
 			h := newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil)
 			h.tick(79)
@@ -337,7 +382,7 @@ func TestLedgerVerdictNeverAnswersForALaterRequest(t *testing.T) {
 // answers stopped.
 func TestVerdictHandlerBindsToTheQuery(t *testing.T) {
 	p := newFakePlugin("http://127.0.0.1:28100", 0)
-	p.server.TransferTracking = boolp(true)
+	p.seesEveryWriter(1, 1)
 	p.set(r2room("a", 5, 0, 0, false))
 	h := newDecodeHarness(t, []*fakePlugin{p}, nil, nil)
 	h.tick(80)

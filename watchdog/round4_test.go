@@ -66,7 +66,7 @@ func progressRank(target string, queues int) *fakePlugin {
 	p := newFakePlugin(target, 0)
 	p.server.PID = 7
 	p.server.TransferProgress = boolp(true)
-	p.server.TransferTracking = boolp(true)
+	p.seesEveryWriter(1, 1)
 	for q := 0; q < queues; q++ {
 		p.workers = append(p.workers, pluginapi.TransferWorker{TransferQueue: q, Tracked: true, Recent: [][2]float64{}})
 	}

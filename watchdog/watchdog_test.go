@@ -62,6 +62,14 @@ func newFakePlugin(target string, dp int) *fakePlugin {
 	return &fakePlugin{target: target, server: pluginapi.Server{DPRank: dp, DisaggregationMode: "prefill", TransferBackend: "nixl"}}
 }
 
+// seesEveryWriter makes the listing read each room's outstanding chunks on
+// every rank of a group of n (transfer_tracking, transfer_ranks), watched
+// of them fresh.
+func (f *fakePlugin) seesEveryWriter(n, watched int) {
+	f.server.TransferTracking = boolp(true)
+	f.server.TransferRanks, f.server.TransferRanksWatched = intp(n), intp(watched)
+}
+
 func (f *fakePlugin) Target() string { return f.target }
 
 func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {

@@ -213,10 +213,13 @@ class DecodeMonitor(Monitor):
     def _known_facts(self, rid):
         return next((facts for _, facts, _, _ in _listed(self.snapshot) if facts.rid == rid), None)
 
-    def _server_extras(self):
+    def _peer_view(self):
+        return None  # decode sends nothing: no transfer of its own to count
+
+    def _server_extras(self, peer_view):
         return {"deferred_release": self.deferred_release}
 
-    def _queues_json(self, snapshot, now):
+    def _queues_json(self, snapshot, now, peer_view):
         return {
             "queues": {"bootstrap": 0, "waiting": 0, "inflight": 0,
                        "prealloc": len(snapshot.prealloc_members), "transfer": len(snapshot.transfer_members)},

@@ -16,7 +16,7 @@ import logging
 import threading
 import weakref
 
-from . import transfer_watch
+from . import peers, transfer_watch
 from .config import Config
 from .decode_monitor import DecodeMonitor
 from .identity import identify
@@ -37,6 +37,8 @@ DECODE_TARGET = f"sglang.srt.disaggregation.decode.SchedulerDisaggregationDecode
 # queue pass outside decode mode) is still hooked in its own.
 _monitors = {"prefill": weakref.WeakKeyDictionary(), "decode": weakref.WeakKeyDictionary()}
 _monitors_lock = threading.Lock()
+# Non-leader prefill rank -> the thread publishing its transfers to its group's leader.
+_publishers = weakref.WeakKeyDictionary()
 
 
 def around_inflight_pass(original_fn, scheduler, *args, **kwargs):
@@ -112,6 +114,9 @@ def _start(scheduler, original_fn, mode):
         if config.disabled:
             logger.info("sglang-watchdog plugin disabled by SGLANG_WATCHDOG_PLUGIN_DISABLE")
             return None
+        if identity.publishes_transfers:
+            _publish(scheduler, identity)
+            return None
         if not identity.serves_listener:
             logger.debug("sglang-watchdog plugin idle on this scheduler: %s", identity)
             return None
@@ -122,3 +127,12 @@ def _start(scheduler, original_fn, mode):
     except Exception:
         logger.exception("sglang-watchdog plugin could not start; the scheduler runs without it")
         return None
+
+
+def _publish(scheduler, identity):
+    """A non-leader prefill rank: its outstanding chunks, for the leader's listing (peers.py)."""
+    manager = getattr(getattr(scheduler, "disagg_prefill_bootstrap_queue", None), "kv_manager", None)
+    folder = peers.directory(scheduler, identity)
+    _publishers[scheduler] = peers.Publisher(folder, identity, manager).start()
+    logger.info("sglang-watchdog plugin publishes the transfers of attn_tp_rank=%d attn_cp_rank=%d to %s",
+                identity.attn_tp_rank, identity.attn_cp_rank, folder)

@@ -14,6 +14,9 @@ class Identity:
     attn_cp_rank: int
     mode: str
     backend: str
+    # The attention TP and CP group: every rank of it sends its own share of a request's KV.
+    attn_tp_size: int = 1
+    attn_cp_size: int = 1
 
     @property
     def index(self):
@@ -26,6 +29,11 @@ class Identity:
         # prefill and on decode, so the group leader sees every request of its
         # (dp, pp) rank and its lever fails the request on the whole group.
         return self.mode in ("prefill", "decode") and self.attn_tp_rank == 0 and self.attn_cp_rank == 0
+
+    @property
+    def publishes_transfers(self):
+        # The leader of a prefill group reads the other ranks' outstanding chunks from what they publish.
+        return self.mode == "prefill" and not self.serves_listener and self.attn_tp_size * self.attn_cp_size > 1
 
 
 def identify(scheduler):
@@ -50,6 +58,8 @@ def identify(scheduler):
         attn_cp_rank=rank("attn_cp_rank", 0),
         mode=_mode_name(getattr(scheduler, "disaggregation_mode", None)),
         backend=_backend_name(scheduler),
+        attn_tp_size=rank("attn_tp_size", rank("tp_size", 1)),
+        attn_cp_size=rank("attn_cp_size", 1),
     )
 
 

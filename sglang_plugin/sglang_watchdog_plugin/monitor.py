@@ -28,7 +28,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from . import capabilities, process_tree, transfer_watch
+from . import capabilities, peers, process_tree, transfer_watch
 from .identity import sglang_version
 from .observe import UNKNOWN, observe, outstanding_chunks, poll_name
 from .orders import (
@@ -110,6 +110,9 @@ class Monitor:
         # The manager's transfer worker queues, once every one of them is watched (transfer_watch.py).
         self.workers = None
         self.wedges = WedgeOrders()
+        # The other ranks of the attention TP/CP group, which send their own share of each room's KV
+        # (peers.py); None where the group is this rank alone.
+        self.peers = None
         # The parent at load, as SGLang's peer recovery records it: a process
         # re-parented since then must not signal its new parent.
         self.parent_pid = os.getppid()
@@ -150,6 +153,8 @@ class Monitor:
             sender_cls, manager_cls = capabilities.sender_classes(scheduler, self.identity.backend)
             if sender_cls is not None:
                 self._resolve(sender_cls, manager_cls)
+            if self.identity.attn_tp_size * self.identity.attn_cp_size > 1:
+                self.peers = peers.Group(peers.directory(scheduler, self.identity), self.identity)
             manager = getattr(getattr(scheduler, "disagg_prefill_bootstrap_queue", None), "kv_manager", None)
             if manager is not None:
                 self.transfer_queues = self._queue_key(manager).count
@@ -412,32 +417,52 @@ class Monitor:
             "pp_size": ident.pp_size,
             "transfer_queues": self.transfer_queues,
         }
-        server.update(self._server_extras())
+        peer_view = self._peer_view()
+        server.update(self._server_extras(peer_view))
         body = {
             "api_version": API_VERSION,
             "server": server,
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
         }
-        body.update(self._queues_json(snapshot, now))
+        body.update(self._queues_json(snapshot, now, peer_view))
         return body
 
-    def _server_extras(self):
-        """The listing's server fields of this mode alone, after the shared ones."""
-        return {"transfer_tracking": self.transfer_tracking, "transfer_progress": self.transfer_progress}
+    def _peer_view(self):
+        """(ranks of the group watched, room -> chunks in flight on the other ranks), read once per listing."""
+        own = 1 if self.transfer_tracking else 0
+        if self.peers is None:
+            return own, {}
+        watched, in_flight = self.peers.read()
+        return own + watched, in_flight
 
-    def _queues_json(self, snapshot, now):
+    def _server_extras(self, peer_view):
+        """The listing's server fields of this mode alone, after the shared ones."""
+        return {"transfer_tracking": self.transfer_tracking, "transfer_progress": self.transfer_progress,
+                "transfer_ranks": self.peers.size if self.peers is not None else 1,
+                "transfer_ranks_watched": peer_view[0]}
+
+    def _queues_json(self, snapshot, now, peer_view):
         """The listing's queue counts and rows, after the server and loop fields."""
         workers = self.workers
         # Counted here, not at each pass: only a listing needs it.
         queued = transfer_watch.queued_by_room(workers) if workers is not None else None
         monotonic = time.monotonic()
+        elsewhere = peer_view[1]
+        rows = [_room_json(room, now, queued, elsewhere) for room in _listed(snapshot)]
+        listed = {row["bootstrap_room"] for row in rows}
+        orphans = {room: (queue, count) for room, queue, count in snapshot.orphans}
+        for room, count in elsewhere.items():
+            # Another rank still sends for a room this one no longer lists: an orphan of the group.
+            if room not in listed:
+                queue, own = orphans.get(room, (None, 0))
+                orphans[room] = (queue, own + count)
         return {
             "queues": {"bootstrap": snapshot.bootstrap, "waiting": snapshot.waiting, "inflight": snapshot.inflight},
-            "inflight": [_room_json(room, now, queued) for room in _listed(snapshot)],
+            "inflight": rows,
             "orphaned_transfers": [
                 {"bootstrap_room": room, "transfer_queue": queue, "outstanding_chunks": count}
-                for room, queue, count in snapshot.orphans
+                for room, (queue, count) in orphans.items()
             ],
             "transfer_workers": None if workers is None else [
                 transfer_watch.worker_json(index, queue, monotonic) for index, queue in enumerate(workers)],
@@ -590,8 +615,9 @@ def _no_wedge_orders(error, lever_note=None):
     return Outcome(501, body)
 
 
-def _room_json(room, now, queued):
+def _room_json(room, now, queued, elsewhere):
     _, facts, poll, progress, send_failed, in_flight = room
+    in_flight = in_flight or elsewhere.get(facts.bootstrap_room, 0) > 0
     return {
         "rid": facts.rid,
         "bootstrap_room": facts.bootstrap_room,

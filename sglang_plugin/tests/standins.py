@@ -429,13 +429,16 @@ class ServerArgs:
 
 
 class ParallelState:
-    def __init__(self, tp_rank=0, dp_rank=0, pp_rank=0, pp_size=1, attn_tp_rank=0, attn_cp_rank=0):
+    def __init__(self, tp_rank=0, dp_rank=0, pp_rank=0, pp_size=1, attn_tp_rank=0, attn_cp_rank=0, attn_tp_size=1,
+                 attn_cp_size=1):
         self.tp_rank = tp_rank
         self.dp_rank = dp_rank
         self.pp_rank = pp_rank
         self.pp_size = pp_size
         self.attn_tp_rank = attn_tp_rank
         self.attn_cp_rank = attn_cp_rank
+        self.attn_tp_size = attn_tp_size
+        self.attn_cp_size = attn_cp_size
 
 
 class _SchedulerState:

@@ -34,7 +34,7 @@ class ListingTest(unittest.TestCase):
             "pid": os.getpid(), "dp_rank": 0, "pp_rank": 0, "tp_rank": 0,
             "disaggregation_mode": "prefill", "transfer_backend": "nixl", "sglang_version": "unknown",
             "levers": ["abort", "_send_failed"], "lever_note": "", "pp_size": 1, "transfer_queues": 4,
-            "transfer_tracking": True, "transfer_progress": False,
+            "transfer_tracking": True, "transfer_progress": False, "transfer_ranks": 1, "transfer_ranks_watched": 1,
         })
         self.assertEqual(listing["orphaned_transfers"], [])
         self.assertAlmostEqual(listing["now_unix"], time.time(), delta=5)
