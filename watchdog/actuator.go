@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -41,13 +42,18 @@ type stageView struct {
 	leverNote     string
 }
 
-// candidate is a request to act on: stuck on one of its stages.
+// candidate is a request to act on: stuck on one of its stages, or a
+// decode request that a "stopped" verdict would release early.
 type candidate struct {
 	key      reqKey
 	rank     *rankState // the stage the verdict was made on
 	poll     string
 	progress int64
 	age      float64
+	// early: stuck on no stage, only released early (decodeEarly). Until
+	// prefill answers "stopped" it is not held but waiting: no skip is
+	// counted for it.
+	early bool
 	// stages lists every stage of the DP rank that holds the request.
 	stages []stageView
 	// blocked names a stage of the DP rank that is down or whose loop is
@@ -83,8 +89,8 @@ func (c candidate) budget() budget {
 }
 
 // candidates lists the requests that may be acted on: stuck prefill
-// requests oldest first, then stuck decode requests youngest first. Rooms
-// left to a wedge order are not among them. Caller holds w.mu.
+// requests oldest first, then stuck or early decode requests youngest
+// first. Rooms left to a wedge order are not among them. Caller holds w.mu.
 func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []candidate {
 	var out []candidate
 	seen := map[reqKey]int{}
@@ -97,19 +103,22 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		for key, r := range rk.rooms {
 			// A room on a queue whose wedge is ordered is failed by the
 			// order, with every other room behind the same wedge.
-			if !r.stuck || w.leftToOrder(rk, r.queue) {
+			if !(r.stuck || r.early) || w.leftToOrder(rk, r.queue) {
 				continue
 			}
 			k := reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}
 			if st := w.requests[k]; st != nil && (st.done || st.acting || now.Before(st.nextAttempt)) {
 				continue
 			}
-			c := candidate{key: k, rank: rk, poll: r.poll, progress: r.progress, age: r.age}
+			c := candidate{key: k, rank: rk, poll: r.poll, progress: r.progress, age: r.age, early: !r.stuck}
 			if i, ok := seen[k]; ok {
-				// Another stage holds it too: decide on the oldest one.
+				// Another stage holds it too: decide on the oldest one;
+				// stuck on any stage, it is stuck.
+				early := out[i].early && c.early
 				if r.age > out[i].age {
 					out[i] = c
 				}
+				out[i].early = early
 				continue
 			}
 			seen[k] = len(out)
@@ -123,6 +132,15 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		a, b := out[i], out[j]
 		if a.key.role != b.key.role {
 			return a.key.role == RolePrefill
+		}
+		if a.early != b.early {
+			// A request released early answers a client that waits for
+			// it since prefill's release, and gains the most over SGLang's
+			// timeout: it goes before the flood of requests stranded by
+			// a wedge's fail-fast, which would otherwise take the whole
+			// decode budget. Its lookups cannot starve those: they stop
+			// at half the interval.
+			return a.early
 		}
 		if na, nb := needsVerdict(a), needsVerdict(b); na != nb {
 			// A request that needs no verdict lookup is decided before
@@ -362,6 +380,9 @@ func (w *Watchdog) claim(c candidate, e *entry) (callClaim, bool) {
 
 // forceFailReason is the reason the plugin records with the failure.
 func (w *Watchdog) forceFailReason(c candidate, e *entry) string {
+	if c.early {
+		return fmt.Sprintf("sglang-watchdog: decode request %.0fs in the %s queue in %s, released early: its prefill side was released with its transfer stopped", e.age, e.dqueue, c.poll)
+	}
 	if c.key.role == RoleDecode {
 		return fmt.Sprintf("sglang-watchdog: decode request stuck %.0fs in the %s queue in %s with no progress for %s", e.age, e.dqueue, c.poll, w.cfg.StallWindow)
 	}
@@ -590,8 +611,14 @@ func (w *Watchdog) allowCall(b budget) bool {
 }
 
 // skip counts a reason once per request, so that a request waiting out the
-// rate limit is not counted every cycle.
+// rate limit is not counted every cycle. An early candidate is not stuck:
+// what keeps it is only logged at debug level, and counted once it is.
 func (w *Watchdog) skip(c candidate, reason, trigger, detail string) []Event {
+	if c.early {
+		level.Debug(w.logger).Log("msg", "decode request not released early", "rid", c.key.rid, "room", c.key.room, "target", c.rank.status.target,
+			"dp_rank", c.rank.dpLabel, "pp_rank", c.rank.ppLabel, "age", fmt.Sprintf("%.1f", c.age), "poll", c.poll, "skip", reason, "trigger", trigger, "reason", detail)
+		return nil
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	st := w.request(c.key)
@@ -685,7 +712,9 @@ func (w *Watchdog) TriggerRank(ctx context.Context, dpRank, ppRank int) (int, er
 			found = true
 		}
 	}
-	cands := w.candidates(w.clock.Now(), func(rk *rankState) bool { return rk.dpLabel == dpRank && rk.ppLabel == ppRank })
+	// The alert is about stuck requests; early ones are the cycles' own.
+	cands := slices.DeleteFunc(w.candidates(w.clock.Now(), func(rk *rankState) bool { return rk.dpLabel == dpRank && rk.ppLabel == ppRank }),
+		func(c candidate) bool { return c.early })
 	w.mu.Unlock()
 	if !found {
 		return 0, fmt.Errorf("no plugin rank with dp_rank %d and pp_rank %d", dpRank, ppRank)

@@ -374,3 +374,22 @@ func decodeSafety(poll string, started bool) decodeClearance {
 	}
 	return needVerdict
 }
+
+// decodeEarly tells whether a decode request short of its deadline may be
+// released early: prefill may have released its room, and only its
+// verdict stands between the client and its error (issue 18: the router
+// answers the client once decode answers, so a prefill release otherwise
+// still leaves it waiting for the decode deadline). Only a request whose
+// transfer may have started qualifies, since its release needs a
+// "stopped" verdict, which the actuator asks for; one without a started
+// transfer keeps the deadline rule, since nothing says prefill gave up on
+// it. It must be older than the prefill deadline (prefill's deadline path
+// releases nothing younger, so a lookup before that only costs the peer),
+// with the stall rule's other conditions: no change for the stall window
+// while the loop ran.
+func decodeEarly(r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
+	if r.dqueue == "" || r.health || r.waitingMemory || decodeSafety(r.poll, r.started) != needVerdict {
+		return false
+	}
+	return stalled(r, rk, now, cfg, cfg.Deadline)
+}

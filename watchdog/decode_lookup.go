@@ -4,9 +4,22 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
+
+// earlySettle is how old a "stopped" verdict must be before it releases
+// a decode request early (decodeEarly). The prefill lever marks the room
+// Failed, and SGLang's transfer workers (v0.5.18, nixl/conn.py and
+// mooncake/conn.py, transfer_worker) then drop every chunk of the room
+// they take; a chunk taken before the lever landed is counted outstanding
+// from that moment, so the prefill watchdog lists it as an orphan, which
+// turns the verdict live. 5 s is five prefill listings at the default 1 s
+// interval for such an orphan to show before decode frees the pages. A
+// request past the decode deadline needs no such wait: prefill released
+// it at least the decode deadline less the prefill deadline ago.
+const earlySettle = 5 * time.Second
 
 // startLookups gives one actuation its time for prefill verdict lookups:
 // half the cycle interval. A peer that times out then holds up a cycle by
@@ -60,6 +73,8 @@ func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger strin
 		return false, false, w.skip(c, SkipTransferLive, trigger, "held: transfer may be live: the prefill verdict is not available: "+err.Error())
 	case v.Verdict != pluginapi.VerdictStopped:
 		return false, false, w.skip(c, SkipTransferLive, trigger, fmt.Sprintf("held: transfer may be live: prefill verdict %s (%s); SGLang's own timeout releases it", v.Verdict, v.Reason))
+	case c.early && v.ReleasedSecondsAgo < earlySettle.Seconds():
+		return false, false, w.skip(c, SkipTransferLive, trigger, fmt.Sprintf("prefill stopped the transfer %.1fs ago; an early release waits %s for an orphan to show", v.ReleasedSecondsAgo, earlySettle))
 	}
 	return true, true, nil
 }

@@ -310,7 +310,9 @@ func TestDecodeStartedTransferReleasedWhenPrefillStopped(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newFakeDecode("http://127.0.0.1:30200", 0)
-			d.set(dreq("a", 11, pluginapi.DecodeQueueTransfer, tc.poll, 100, boolp(true)))
+			// Stuck as it turns early (the stall window from first sight):
+			// at the decode deadline a fresh "stopped" is enough.
+			d.set(dreq("a", 11, pluginapi.DecodeQueueTransfer, tc.poll, 150, boolp(true)))
 			v := &fakeVerdicts{answer: verdictOf(tc.verdict)}
 			h := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) { c.Verdicts = v })
 			h.tick(80)

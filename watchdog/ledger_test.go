@@ -79,6 +79,22 @@ func combined(t *testing.T, prefillRoom pluginapi.Room) (*decodeHarness, *fakePl
 	return newDecodeHarness(t, []*fakePlugin{p}, []*fakeDecode{d}, nil), p, d
 }
 
+// releasePrefill runs cycles until the prefill room is released, and
+// returns when.
+func releasePrefill(t *testing.T, h *decodeHarness, p *fakePlugin) time.Time {
+	t.Helper()
+	for range 120 {
+		if p.callCount() > 0 {
+			break
+		}
+		h.tick(1)
+	}
+	if p.callCount() != 1 {
+		t.Fatalf("prefill calls %d, want 1", p.callCount())
+	}
+	return h.clk.Now()
+}
+
 // wantHeldLive checks that room 11 was released on prefill once, that its
 // verdict is live, and that its decode request was held.
 func wantHeldLive(t *testing.T, h *decodeHarness, p *fakePlugin, d *fakeDecode) {
@@ -97,21 +113,28 @@ func wantHeldLive(t *testing.T, h *decodeHarness, p *fakePlugin, d *fakeDecode) 
 func TestLedgerVerdicts(t *testing.T) {
 	t.Run("released with nothing in flight: stopped, decode released", func(t *testing.T) {
 		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
-		h.tick(79)
-		if p.callCount() != 1 || len(d.orders()) != 0 {
-			t.Fatalf("prefill calls %d, decode calls %d; want the prefill room released first", p.callCount(), len(d.orders()))
+		released := releasePrefill(t, h, p)
+		if len(d.orders()) != 0 {
+			t.Fatalf("decode calls %d; want the prefill room released first", len(d.orders()))
 		}
+		h.tick(1)
 		if v := h.wd.PrefillVerdict(askA(11)); v.Verdict != pluginapi.VerdictStopped || v.Room != "11" || v.ReleasedSecondsAgo < 1 {
 			t.Fatalf("verdict %+v, want stopped", v)
 		}
-		h.tick(1)
+		for len(d.orders()) == 0 && h.clk.Now().Sub(released) < time.Minute {
+			h.tick(1)
+		}
 		if o := d.orders(); len(o) != 1 || !o[0].PrefillStopped {
 			t.Fatalf("decode orders %+v, want one with prefill_stopped", o)
+		}
+		if after := h.clk.Now().Sub(released); after < earlySettle || after > earlySettle+2*time.Second {
+			t.Fatalf("decode released %s after prefill, want once the verdict settled (%s), long before the decode deadline", after, earlySettle)
 		}
 	})
 	t.Run("an orphan listed after the release turns it live", func(t *testing.T) {
 		h, p, d := combined(t, r2room("a", 11, 0, 0, false))
-		h.tick(70)
+		releasePrefill(t, h, p)
+		h.tick(int(earlySettle/time.Second) - 1) // the orphan shows before the verdict settled
 		p.mu.Lock()
 		p.orphans = []pluginapi.OrphanedTransfer{{BootstrapRoom: 11, TransferQueue: intp(0), OutstandingChunks: 1}}
 		p.mu.Unlock()

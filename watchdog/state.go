@@ -52,7 +52,10 @@ type roomState struct {
 	// which SGLang never times out; never stuck.
 	waitingMemory bool
 
-	stuck bool   // last verdict, for logging transitions
+	stuck bool // last verdict, for logging transitions
+	// early: a decode request short of its deadline that a "stopped"
+	// verdict of prefill would release now (decodeEarly); never stuck.
+	early bool
 	seen  uint64 // rank cycle of the last listing that held this room
 }
 

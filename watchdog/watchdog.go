@@ -732,6 +732,7 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 			events = append(events, w.roomEvent(EventStuck, rk, key, r))
 		}
 		r.stuck = stuck
+		r.early = !stuck && decodeEarly(r, rk, now, &w.cfg)
 	}
 	return events
 }
