@@ -109,11 +109,13 @@ type realCodeServer struct {
 	collector string
 }
 
-func startRealCodeServer(t *testing.T, src, backend, tokenFile string) *realCodeServer {
+// startRealCodeServer starts a prefill server; args are more of the
+// server's flags (--mode decode).
+func startRealCodeServer(t *testing.T, src, backend, tokenFile string, args ...string) *realCodeServer {
 	t.Helper()
 	portFile := filepath.Join(t.TempDir(), "ports.json")
-	cmd := exec.Command(realCodePython(t), "-W", "ignore", "-m", "sglang_watchdog_plugin.conformance.server",
-		"--backend", backend, "--port-file", portFile, "--token-file", tokenFile, "--exit-on-stdin-close")
+	cmd := exec.Command(realCodePython(t), append([]string{"-W", "ignore", "-m", "sglang_watchdog_plugin.conformance.server",
+		"--backend", backend, "--port-file", portFile, "--token-file", tokenFile, "--exit-on-stdin-close"}, args...)...)
 	cmd.Dir = filepath.Join(repoRoot, "sglang_plugin")
 	cmd.Env = append(os.Environ(), "SGLANG_SRC="+src)
 	stdin, err := cmd.StdinPipe()

@@ -1,7 +1,7 @@
-"""A real-code prefill server: SGLang's own inflight pass in a loop, the plugin loaded, SGLang's /metrics.
+"""A real-code prefill (or decode) server: SGLang's own queue pass in a loop, the plugin loaded, SGLang's /metrics.
 
     SGLANG_SRC=DIR python3 -m sglang_watchdog_plugin.conformance.server \\
-        --backend nixl|mooncake --port-file FILE [--token-file FILE] [--pass-interval SECONDS]
+        --backend nixl|mooncake --port-file FILE [--token-file FILE] [--pass-interval SECONDS] [--mode decode]
 
 One ``Bench`` (bench.py): SGLang's real KV managers and bootstrap server over
 the fake transports, and a loop thread running the release's own
@@ -40,6 +40,17 @@ release loads it. The plugin serves its own endpoints on its own listener
   rids in the inflight queue, and every request the pass let go with its
   finish reason's class name (``FINISH_ABORT``, ``FINISH_LENGTH``).
 
+With ``--mode decode`` the server is a decode server instead: one
+``DecodeBench`` (decode_bench.py), SGLang's own ``process_decode_queue`` in
+the loop and the plugin's decode listing. ``/scenario/admit`` then puts a
+request in SGLang's decode transfer queue with its pages sent to the bench's
+own prefill peer (whose transfer behaves as told: ``hang`` keeps the request
+waiting with its transfer started, as behind a pinned prefill), and answers
+``{"rid", "bootstrap_room", "queue"}``; ``/scenario/state`` lists the decode
+queues' rids as ``queued`` and the requests SGLang's decode pass let go as
+``released``. It serves no ``/metrics`` (404): SGLang's prefill queue gauges
+have no decode counterpart the watchdog reads.
+
 Once both listeners are up, the JSON port file is written (atomically):
 ``{"plugin": port, "metrics": port, "collector": "...", "sglang_version": "...",
 "backend": "...", "pid": ...}``. Loopback only. Ends on SIGTERM, SIGINT or
@@ -58,7 +69,7 @@ import sys
 import threading
 
 from . import bench as bench_module
-from . import loader, runtime, transports
+from . import decode_bench, loader, runtime, transports
 from . import scheduler as sch
 
 logger = logging.getLogger("sglang_watchdog_plugin.conformance.server")
@@ -238,11 +249,16 @@ def _version(dist):
 
 
 class Server:
-    def __init__(self, rt, backend, pass_interval):
+    def __init__(self, rt, backend, pass_interval, mode="prefill"):
         self.rt = rt
-        self.bench = bench_module.Bench(rt, backend, pass_interval=pass_interval)
-        self.metrics = Metrics(rt, self.bench.scheduler)
-        self.bench.after_pass.append(self.metrics.observe)
+        self.mode = mode
+        self.metrics = None
+        if mode == "decode":
+            self.bench = decode_bench.DecodeBench(rt, backend, pass_interval=pass_interval)
+        else:
+            self.bench = bench_module.Bench(rt, backend, pass_interval=pass_interval)
+            self.metrics = Metrics(rt, self.bench.scheduler)
+            self.bench.after_pass.append(self.metrics.observe)
         self.admit_lock = threading.Lock()  # one admission at a time, as one scheduler thread admits
 
     def admit(self, body):
@@ -259,6 +275,8 @@ class Server:
         with self.admit_lock:
             req = self.bench.admit(room, behaviour, chunks=chunks, rid=rid)
         logger.info("admitted %s (room %d, %s, %d chunks)", req.rid, room, body.get("behaviour", "complete"), chunks)
+        if self.mode == "decode":
+            return {"rid": req.rid, "bootstrap_room": req.bootstrap_room, "queue": self.bench.queue_of(req.rid)}
         return {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
                 "transfer_queue": self.bench.transfer_queue_of(room)}
 
@@ -290,15 +308,20 @@ class Server:
         return {"rid": rid}
 
     def state(self):
-        released = [{"rid": r.rid, "finished_reason": type(r.finished_reason).__name__}
-                    for r in list(self.bench.scheduler.streamed)]
+        s = self.bench.scheduler
+        released = [{"rid": r.rid, "finished_reason": type(r.finished_reason).__name__} for r in list(s.streamed)]
+        if self.mode == "decode":
+            queued = [d.req.rid for q in (s.disagg_decode_prealloc_queue, s.disagg_decode_transfer_queue)
+                      for d in list(q.queue)]
+        else:
+            queued = [r.rid for r in list(s.disagg_prefill_inflight_queue)]
         return {
             "passes": self.bench.passes,
             "errors": [repr(e) for e in self.bench.errors],
-            "queued": [r.rid for r in list(self.bench.scheduler.disagg_prefill_inflight_queue)],
+            "queued": queued,
             "released": released,
-            "collector": self.metrics.source,
-            "notes": self.metrics.notes,
+            "collector": self.metrics.source if self.metrics is not None else None,
+            "notes": self.metrics.notes if self.metrics is not None else [],
         }
 
     def handler(self):
@@ -321,7 +344,7 @@ class Server:
 
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
-                if path == "/metrics":
+                if path == "/metrics" and server.metrics is not None:
                     self._send(200, *server.metrics.render())
                 elif path == "/scenario/state":
                     self._send(200, server.state())
@@ -366,6 +389,8 @@ def main(argv=None):
     parser.add_argument("--token-file", default="", help="the plugin's token (SGLANG_WATCHDOG_PLUGIN_TOKEN_FILE)")
     parser.add_argument("--pass-interval", type=float, default=0.005, help="seconds between two passes")
     parser.add_argument("--exit-on-stdin-close", action="store_true")
+    parser.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
+                        help="which of SGLang's PD schedulers to run (default prefill)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -374,10 +399,12 @@ def main(argv=None):
     os.environ["SGLANG_WATCHDOG_PLUGIN_HOST"] = "127.0.0.1"
 
     rt = runtime.Runtime()
-    server = Server(rt, args.backend, args.pass_interval)
-    print(f"real-code server: SGLang {rt.version}, backend {args.backend}, metrics from {server.metrics.source}",
+    server = Server(rt, args.backend, args.pass_interval, args.mode)
+    source = server.metrics.source if server.metrics is not None else "none (decode)"
+    notes = server.metrics.notes if server.metrics is not None else []
+    print(f"real-code server: SGLang {rt.version}, {args.mode}, backend {args.backend}, metrics from {source}",
           file=sys.stderr, flush=True)
-    for note in server.metrics.notes:
+    for note in notes:
         print(f"real-code server: metrics: {note}", file=sys.stderr, flush=True)
     server.bench.start()
     control = http.server.ThreadingHTTPServer(("127.0.0.1", 0), server.handler())
@@ -392,7 +419,7 @@ def main(argv=None):
 
     _write_port_file(args.port_file, {
         "plugin": server.bench.monitor.listener.port, "metrics": control.server_address[1],
-        "collector": server.metrics.source, "metrics_notes": server.metrics.notes,
+        "collector": source, "metrics_notes": notes, "mode": args.mode,
         "sglang_version": rt.version, "backend": args.backend, "pid": os.getpid(),
     })
     print(f"READY plugin={server.bench.monitor.listener.port} metrics={control.server_address[1]}", flush=True)
