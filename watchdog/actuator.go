@@ -103,7 +103,7 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		for key, r := range rk.rooms {
 			// A room on a queue whose wedge is ordered is failed by the
 			// order, with every other room behind the same wedge.
-			if !(r.stuck || r.early) || w.leftToOrder(rk, r.queue) {
+			if (!r.stuck && !r.early) || w.leftToOrder(rk, r.queue) {
 				continue
 			}
 			k := reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}
