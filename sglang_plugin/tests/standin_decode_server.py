@@ -21,8 +21,8 @@ Options:
   per-room transfer status gives ``progress`` and ``chunks_expected``).
   ``mooncake``: Transferring once prefill started writing, never timed out
   there (upstream PR #31800); ``progress`` -1, ``chunks_expected`` null.
-* ``--deferred-release`` (``on``): SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE
-  as the KV manager holds it: ``server.deferred_release`` true, false, or
+* ``--deferred-release`` (``on``): SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE,
+  set for the process and held by the KV manager: ``server.deferred_release`` true, false, or
   null (``absent``: a release without the feature). With ``on``, a
   force-fail in the transfer queue answers ``levers ["abort",
   "deferred_abort"]``; otherwise ``["abort"]``.
@@ -191,6 +191,8 @@ def main():
     plugin_environment(args.port, args.token_file, args.allow_restart)
     hook.install(standins.DecodeMixin, hook.DECODE_METHOD)
     deferred = {"on": True, "off": False, "absent": None}[args.deferred_release]
+    # The transfer queue reads SGLang's own setting, the manager keeps its flag: both say the same here.
+    os.environ["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] = "1" if deferred else "0"
     scheduler, tick = decode_scenario(args.backend, deferred, args.prefill_acks == "yes", args.deferred_timeout,
                                       args.live_room, args.live_rid)
     loop = standins.SchedulerLoop(scheduler, interval=PASS_INTERVAL_S, before_pass=tick).start()

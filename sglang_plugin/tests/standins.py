@@ -14,6 +14,7 @@ them.
 """
 
 import collections
+import os
 import threading
 import time
 
@@ -629,6 +630,12 @@ class DecodeKVManager(KVManager):
         self._abort_acks.discard(room)
 
 
+class NoAckDecodeKVManager(DecodeKVManager):
+    """A backend whose prefill side never acks a drain, so SGLang keeps deferred release off for it."""
+
+    supports_deferred_decode_kv_release = False
+
+
 class OlderDecodeKVManager(DecodeKVManager):
     """A release whose register_deferred_abort_room also wants a generation and the expected ranks."""
 
@@ -916,6 +923,12 @@ class DecodePreallocQueue:
         return preallocated, failed
 
 
+def _deferred_setting_on():
+    # Upstream after v0.5.18, the transfer queue reads the setting itself; the manager's flag does not decide
+    # (Mooncake's forces its own on).
+    return os.environ.get("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", "").strip().lower() in ("1", "true")
+
+
 class DecodeTransferQueue:
     def __init__(self, scheduler, pages):
         self.scheduler = scheduler
@@ -944,7 +957,7 @@ class DecodeTransferQueue:
                 self.scheduler.client_answers.append((decode_req.req.rid, 500))
                 receiver = decode_req.kv_receiver
                 manager = getattr(receiver, "kv_mgr", None)
-                if getattr(manager, "enable_deferred_decode_kv_release", False) and getattr(
+                if _deferred_setting_on() and getattr(manager, "enable_deferred_decode_kv_release", False) and getattr(
                         receiver, "abort_notified", False):
                     # Prefill may still write into these pages: hold them until it acknowledged the ABORT.
                     self._deferred_releases.append(

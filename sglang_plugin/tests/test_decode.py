@@ -1,7 +1,9 @@
 """The real plugin on decode stand-ins: listing, release, refusals, deferred release."""
 
+import os
 import threading
 import unittest
+from unittest import mock
 
 from sglang_watchdog_plugin import decode, hook
 from sglang_watchdog_plugin.orders import ForceFailOrder
@@ -21,9 +23,14 @@ DONE_ROOM = 9223372036854775017  # every chunk and the aux arrived; poll() has n
 
 
 class DecodeTest(unittest.TestCase):
+    """Deferred decode KV release on, as later upstream code applies it: the manager's flag and SGLang's setting."""
+
     backend = "nixl"
 
     def setUp(self):
+        setting = mock.patch.dict(os.environ, {decode.DEFERRED_SETTING: "1"})
+        setting.start()
+        self.addCleanup(setting.stop)
         self.peer = standins.PrefillPeer()
         self.scheduler = self.make_scheduler()
         s = self.scheduler
@@ -262,6 +269,28 @@ class LeverDetectionTest(unittest.TestCase):
         self.addCleanup(loop.stop)
         self.addCleanup(monitor.close)
         return harness.Client(monitor.listener.port)
+
+    def test_the_managers_flag_alone_does_not_defer(self):
+        """Issue 18: upstream's Mooncake manager forces its flag on while the transfer queue reads SGLang's own
+        setting (off by default); reading the manager alone offered deferred_abort for pages freed at once."""
+        for env, manager in (({}, standins.DecodeKVManager(deferred=True)),
+                             ({decode.DEFERRED_SETTING: "0"}, standins.DecodeKVManager(deferred=True)),
+                             ({decode.DEFERRED_SETTING: "1"}, standins.NoAckDecodeKVManager(deferred=True))):
+            with self.subTest(env=env, manager=type(manager).__name__), mock.patch.dict(os.environ, env, clear=False):
+                if not env:
+                    os.environ.pop(decode.DEFERRED_SETTING, None)
+                s = standins.DecodeScheduler(backend="mooncake", manager=manager)
+                peer = standins.PrefillPeer()
+                live = s.add_request("live-9", 99, peer=peer)
+                unhooked_pass(s)
+                live.kv_receiver.start_transfer()
+                peer.writing.add(99)
+                client = self.run_scheduler(s)
+                _, body = client.get_json()
+                self.assertIs(body["server"]["deferred_release"], False)
+                status, body = client.force_fail({"rid": "live-9"})
+                self.assertEqual((status, body["result"]), (409, "transfer_live"),
+                                 "a started transfer released without prefill_stopped: its pages are freed at once")
 
     def test_no_deferred_release_in_this_release(self):
         s = standins.DecodeScheduler(backend="mooncake", manager=standins.DecodeKVManager(deferred=None))
