@@ -22,6 +22,7 @@ import unittest
 
 from sglang_watchdog_plugin.conformance import bench as bench_module
 from sglang_watchdog_plugin.conformance import pins, runtime
+from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
 
@@ -221,6 +222,34 @@ class _Pins:
 
         self.conclude(pins.abort_before_register(self.bench, _rooms), "abort before register", why)
 
+
+    def test_seed_decode_abort_before_prefill_sender(self):
+        """Decode registers, then aborts (ABORT frame), before prefill made the room's sender: the sender's own
+        first status write comes after the Failed. Not an inflight pin: where it resurrects the room, the request
+        waits in the bootstrap queue for SGLang's own bootstrap timeout, which this test then lets end it."""
+        if not pins.handles_decode_abort(self.manager):
+            self.skipTest(f"{self.backend}: no decode ABORT frame on this release: prefill's "
+                          f"{type(self.manager).__name__} ({_file(type(self.manager))}) never compares a frame with "
+                          "\"ABORT\"; decode's registration stands and the request is served")
+        facts, sender = pins.abort_frame_before_sender(self.bench, _rooms)
+        print(f"\nconformance: pins: {self.backend} decode ABORT before the prefill sender: {facts}", flush=True)
+        self.assertEqual(facts["status_after_abort"], "Failed", f"SGLang's ABORT handler did not mark the room: {facts}")
+        if facts["poll"] == "Failed":
+            self.skipTest(f"{self.backend}: no stall on this release: the sender's first status write "
+                          f"({type(sender).__mro__[1].__name__}.__init__) leaves the Failed decode's ABORT set "
+                          f"({_where(self.manager.update_status)} keeps it), so the bootstrap queue releases the "
+                          "request at once")
+        # The resurrection, by SGLang's own code: the sender's constructor wrote Bootstrapping over Failed.
+        self.assertEqual((facts["status_after_sender"], facts["poll"]), ("Bootstrapping", "Bootstrapping"), facts)
+        # Decode will not register again: only SGLang's bootstrap timeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT,
+        # 300 s by default, read by the sender's poll from its manager) ends the wait. Shortened here as that
+        # variable would, to see that it does, and how.
+        self.assertTrue(hasattr(self.manager, "bootstrap_timeout"), "no bootstrap timeout: the wait has no end")
+        pins.ensure_warning_once()
+        self.manager.bootstrap_timeout = 1
+        _until(lambda: self.rt.poll_names[int(sender.poll())] == "Failed", 15, "SGLang's bootstrap timeout")
+        reason = self.manager.failure_records.get(sender.bootstrap_room, "")
+        self.assertIn("Bootstrapping", reason, "ended, but not by SGLang's bootstrap timeout")
 
 class Nixl(_Pins, unittest.TestCase):
     backend = "nixl"

@@ -265,14 +265,14 @@ def abort_before_register(bench, rooms):
         slot = bench.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
         link = sch.Link(bench.rt, bench.backend, room, bench.prefill_mgr, bench.decode_mgr, slot=slot)
         link.sender.abort()
-        facts = {"status_after_abort": _name(bench, manager.request_status.get(room))}
+        after_abort = manager.request_status.get(room)
+        facts = {"status_after_abort": _name(bench, after_abort)}
         link.bootstrap()
         # Decode's registration lands on prefill's bootstrap thread; wait until the manager holds it.
         _until(lambda: room in manager.transfer_infos, ACT_SECONDS, f"decode's registration of room {room} on prefill")
         # The bootstrap thread fills the room's transfer info, then writes its status: let it (bounded; where the
         # status does not change, a sticky Failed, this waits the whole bound).
-        after_abort = manager.request_status.get(room)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline and manager.request_status.get(room) == after_abort:
             time.sleep(0.01)
         facts["status_after_register"] = _name(bench, manager.request_status.get(room))
@@ -368,6 +368,66 @@ def conclusion_overwritten(bench, rooms):
         return _watch(bench, req, time.monotonic(), log, facts)
     finally:
         logging.getLogger().removeHandler(log)
+
+
+_warned = set()
+
+
+def _warning_once(self, *args, **kwargs):
+    key = (self.name, str(args[0]) if args else "")
+    if key not in _warned:
+        _warned.add(key)
+        self.warning(*args, **kwargs)
+
+
+def ensure_warning_once():
+    """SGLang's code calls ``logger.warning_once``, a method that a serving process has on every logger
+    because transformers, which it imports, adds one to ``logging.Logger``; the harness has no transformers, so
+    SGLang's timeout paths (its bootstrap timeout) would raise AttributeError here. A stand-in that logs a
+    message once per logger."""
+    if not hasattr(logging.Logger, "warning_once"):
+        logging.Logger.warning_once = _warning_once
+
+
+def abort_frame_before_sender(bench, rooms):
+    """Decode registers a room and then aborts it (its ABORT frame reaches prefill) before prefill's scheduler
+    made the room's sender: a decode that was quick where prefill had a queue. Then the sender is made, as
+    the bootstrap queue does, and its poll read. Returns (facts, sender); the request never got further than
+    the bootstrap queue here."""
+    rt, manager = bench.rt, bench.prefill_mgr
+    conn = rt.conns[bench.backend]
+    from .runtime import _class_named
+
+    Sender = _class_named(conn, f"{bench.backend}kvsender")
+    Receiver = _class_named(conn, f"{bench.backend}kvreceiver")
+    room = next(rooms)
+    addr = f"127.0.0.1:{rt.bootstrap_server(bench.backend)[1]}"
+    slot = bench.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
+    receiver = Receiver(**sch._accepted(Receiver, mgr=bench.decode_mgr, bootstrap_addr=addr, bootstrap_room=room,
+                                        prefill_dp_rank=0, data_parallel_rank=0))
+    dmgr = receiver.kv_mgr
+    if hasattr(dmgr, "try_ensure_parallel_info"):
+        _until(lambda: dmgr.try_ensure_parallel_info(receiver.bootstrap_addr), ACT_SECONDS, "prefill parallel info")
+    indices = sch.np.arange(slot * 4, (slot + 1) * 4, dtype=sch._index_dtype(receiver))
+    if hasattr(receiver, "send_metadata"):
+        if "prefill_dp_rank" in inspect.signature(receiver.init).parameters:
+            receiver.init(0)
+        receiver.send_metadata(indices, slot)
+    else:
+        receiver.init(indices, slot)
+    _until(lambda: manager.request_status.get(room) is not None, ACT_SECONDS, f"decode's registration of {room}")
+    facts = {"status_after_register": _name(bench, manager.request_status.get(room))}
+    registered = manager.request_status.get(room)
+    receiver.abort()
+    deadline = time.monotonic() + ACT_SECONDS
+    while time.monotonic() < deadline and manager.request_status.get(room) == registered:
+        time.sleep(0.01)
+    facts["status_after_abort"] = _name(bench, manager.request_status.get(room))
+    sender = Sender(**sch._accepted(Sender, mgr=manager, bootstrap_addr=addr, bootstrap_room=room,
+                                    dest_tp_ranks=[0], pp_rank=0))
+    facts["status_after_sender"] = _name(bench, manager.request_status.get(room))
+    facts["poll"] = _name(bench, sender.poll())
+    return facts, sender
 
 
 def _name(bench, status):
