@@ -2,7 +2,10 @@
 
 Each test plays one seed's real event with SGLang's own objects (see
 conformance/pins.py): decode's ABORT frame, the client's abort racing the
-worker's status writes, the client's abort before decode registered. Where
+worker's status writes (a Failed resurrected by max()), the worker's
+conclusion racing add_transfer_request's own status write after put(), the
+client's abort before decode registered, decode's ABORT before prefill made
+the room's sender. Where
 SGLang's code pins the request (still in the inflight queue with a
 non-terminal poll, nothing of its own in flight, no log line of SGLang's),
 the test asserts the pin and then its release through the plugin's
@@ -107,6 +110,12 @@ class _Pins:
             self.assertEqual((status, body["result"]), (501, "unsupported"), body)
             time.sleep(0.3)
             self.assertTrue(self.bench.queued(req.rid), "501 said nothing changed, yet the request left")
+            # Honest only if SGLang's own abort, where it reaches the inflight queue, cannot release it either.
+            if hasattr(req.disagg_kv_sender, "abort") and pins.abort_reaches(
+                    runtime.loader.loaded.source, "disagg_prefill_inflight_queue") is not False:
+                self.bench.abort(req.rid)
+                time.sleep(0.5)
+                self.assertTrue(self.bench.queued(req.rid), "SGLang's own abort released it: the plugin has a lever")
 
     def conclude(self, outcome, seed, why_not_pinned, expect_pin=False):
         """The pin's assertions where SGLang pinned the request; else a skip saying what SGLang's code did.
