@@ -402,6 +402,9 @@ func runSlowlink(o options, cfgNames []string) int {
 		o.ranks, o.duration, o.healthy, o.median, o.deadline, o.stall, o.step, time.Since(t0).Round(100*time.Millisecond))
 	for _, cl := range classes {
 		fmt.Printf("- %s: %s\n", cl.name, cl.what)
+		if tp := traces[cl.name].attnTP; tp > 1 {
+			fmt.Printf("  (replayed with attention TP %d, plugin view %s)\n", tp, o.tpView)
+		}
 	}
 	for _, n := range cfgNames {
 		fmt.Printf("\n## %s\n\n", n)
