@@ -1462,10 +1462,16 @@ func (g *group) parity(s *Sim, now time.Time) {
 		q.entered = entered
 		q.workerProgress = true
 		for _, r := range g.stages {
+			for _, sd := range q.tp[r.pp] {
+				r.enqueue(sd, entered)
+				sd.local = r.poll(s, sd, now)
+			}
 			sd := q.senders[r.pp]
-			r.enqueue(sd, entered)
-			sd.lastPoll = r.poll(s, sd, now)
-			sd.local = sd.lastPoll
+			sd.lastPoll = sd.local
+			for _, peer := range q.tp[r.pp][1:] {
+				peer.lastPoll = peer.local
+				sd.lastPoll = min(sd.lastPoll, peer.local)
+			}
 			r.admit(q)
 		}
 		rc := &g.records[q.rec]
