@@ -327,9 +327,10 @@
 // every rank as soon as one rank's poll is, in the same pass. The plugin
 // lists the leader's own poll (so a room whose leader finished lists
 // Success and a force-fail answers 409 transfer_succeeded, as the plugin
-// does, even while another rank hangs: nothing but a restart or decode's
-// own timeout ends it). The levers (force-fail and wedge orders) go to the
-// leader's sender only; the Failed branch then runs on every rank, where
+// does, even while another rank hangs: only a restart ends it on prefill,
+// and decode's own waiting timeout on decode). The levers (force-fail and
+// wedge orders) go to the leader's sender only; the Failed branch then
+// runs on every rank, where
 // failure_exception() clears the room (request_status, transfer_infos), so
 // every worker drops the room's queued chunks, but a chunk a worker holds
 // is not recalled: it keeps writing until it settles, and a hung one never
