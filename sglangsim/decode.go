@@ -172,13 +172,21 @@ func (s *Sim) prefillView(d *dreq, now time.Time) pview {
 		v.expected = q.nChunks * int64(len(q.senders))
 	}
 	v.done = true
-	for _, sd := range q.senders {
-		v.received += sd.progress
-		v.posted = v.posted || sd.outstanding > 0 || sd.progress > 0
-		v.done = v.done && q.nChunks >= 0 && sd.progress >= q.nChunks
-		if alive && sd.writePending(now) {
-			v.pending = true
-			v.wedged = v.wedged || sd.frozen
+	// Decode's plugin lists its leader's receiver, which the prefill
+	// leaders feed (received, posted); the request is done, by decode's own
+	// MIN all-reduce, only once every prefill TP rank's share arrived, and
+	// a write of any rank can land in the pages.
+	for _, row := range q.tp {
+		for _, sd := range row {
+			if sd.tp == 0 {
+				v.received += sd.progress
+				v.posted = v.posted || sd.outstanding > 0 || sd.progress > 0
+			}
+			v.done = v.done && q.nChunks >= 0 && sd.progress >= q.nChunks
+			if alive && sd.writePending(now) {
+				v.pending = true
+				v.wedged = v.wedged || sd.frozen
+			}
 		}
 	}
 	return v

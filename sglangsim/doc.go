@@ -4,7 +4,8 @@
 // benchmarks. It serves SGLang's /metrics (prometheus_client multiprocess
 // text output, per label era) and the watchdog plugin's HTTP API
 // (docs/plugin-api.md, including its "Project clarifications", "Round 2
-// additions", "Round 3 additions" and "Round 4 additions"; the round-4
+// additions", "Round 3 additions", "Round 4 additions" and, for the
+// ranks of an attention-TP group, "Round 5 additions"; the round-4
 // fields and path go with Options.PreRound4Plugin) for every prefill
 // (dp, pp) rank and
 // every decode rank. It is
@@ -89,8 +90,8 @@
 //
 // Simplifications: the forward pass takes no simulated time; a prefill
 // batch takes the waiting queue in order up to 64k tokens, as far as the
-// pools below allow; only the
-// attention-TP leader (tp_rank 0) is modelled; a decode endpoint has one port; what prefill does with
+// pools below allow; attention TP is modelled on the transfer side only
+// (Attention TP, below); a decode endpoint has one port; what prefill does with
 // decode's ABORT frame beyond acknowledging it (Decode, below) is not
 // modelled, so a pin stays on prefill until a lever or a restart.
 //
@@ -302,6 +303,54 @@
 // transfers synchronously and reports none of them (transfer_queue and
 // server.transfer_queues null, transfer_in_flight false, orphaned_transfers
 // empty, server.transfer_tracking false).
+//
+// # Attention TP (Options.AttnTP)
+//
+// Read in SGLang v0.5.18: disaggregation/utils.py poll_and_all_reduce and
+// poll_and_all_reduce_attn_cp_tp_group, disaggregation/prefill.py
+// process_disagg_prefill_inflight_queue and
+// handle_inflight_transfer_failure, disaggregation/nixl/conn.py and
+// mooncake/conn.py transfer_worker and failure_exception,
+// disaggregation/common/conn.py.
+//
+// With AttnTP N > 1 every (dp, pp) scheduler process stands for a group of
+// N attention-TP ranks. Each rank has its own KV manager: its own sender
+// for every room, its own transfer workers and queues (same keys, same
+// link speed), its own _staging_outstanding and its own orphans. Each
+// sends its share of the room's pages to its decode peer on the same plan
+// (chunks, timing) as the leader; they differ by their worker state (what
+// each queue holds) and by pins: RequestSpec.PinTPRanks puts a pin on
+// some ranks only ({1}: a handle hung on the non-leader rank alone). The
+// scheduler polls every rank's sender and acts on the MIN over the group
+// (Failed < Bootstrapping < WaitingForInput < Transferring < Success):
+// the room is Success only once every rank's share landed, and Failed on
+// every rank as soon as one rank's poll is, in the same pass. The plugin
+// lists the leader's own poll (so a room whose leader finished lists
+// Success and a force-fail answers 409 transfer_succeeded, as the plugin
+// does, even while another rank hangs: only a restart ends it on prefill,
+// and decode's own waiting timeout on decode). The levers (force-fail and
+// wedge orders) go to the leader's sender only; the Failed branch then
+// runs on every rank, where
+// failure_exception() clears the room (request_status, transfer_infos), so
+// every worker drops the room's queued chunks, but a chunk a worker holds
+// is not recalled: it keeps writing until it settles, and a hung one never
+// does. Such a chunk is an orphan of its rank. A client's abort reaches
+// every rank (the AbortReq is broadcast).
+//
+// The plugin (docs/plugin-api.md, round 5) lists transfer_ranks N and
+// transfer_ranks_watched: the leader plus every peer it reads, which is
+// all but the last Options.TPUnwatched (a peer that stopped publishing);
+// 0 where no manager keeps the count (mid-2025 NIXL). A room's
+// transfer_in_flight is true when the leader or any watched peer has a
+// chunk of it outstanding; a watched peer's orphan is added to the
+// leader's entry for the room or listed with no transfer_queue. The
+// leader's transfer_workers and wedge orders are the leader's alone.
+// Options.LeaderOnlyView lists what the watchdog read up to round 4: the
+// leader alone, transfer_ranks and transfer_ranks_watched 1, as if it
+// were the only writer; it exists to measure that hazard. Decode (below)
+// sees a request done only once every rank's share arrived, and any
+// rank's chunk outstanding counts as a live write on its pages. With
+// AttnTP 1 every figure is the same as without the option.
 //
 // # Restarts and crashes
 //

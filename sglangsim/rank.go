@@ -77,8 +77,11 @@ type request struct {
 	freezeAt   int64 // pins: chunks sent before the pin takes hold; -1 none
 	failAt     time.Duration
 
-	senders []*sender // one per PP stage
-	holding int       // stages whose inflight queue still holds it
+	senders []*sender // one per PP stage: the attention-TP leader's
+	// tp is every attention-TP rank's sender, per PP stage: tp[pp][0] is
+	// senders[pp], the others the non-leader ranks' (Options.AttnTP).
+	tp      [][]*sender
+	holding int // stages whose inflight queue still holds it
 
 	// listed is the progress the plugin lists for every stage's sender:
 	// the scheduler's hand-overs, all done before the request enters the
@@ -111,7 +114,8 @@ func (q *request) lever(backend string) string {
 // KV manager and transfer worker know of the room.
 type sender struct {
 	q      *request
-	pinned bool // the request's pin holds on this stage
+	pinned bool // the request's pin holds on this stage and TP rank
+	tp     int  // attention-TP rank; 0 is the leader
 
 	work     time.Duration // worker time spent on the room
 	started  bool          // its queue's worker took the room's first chunk
@@ -132,8 +136,14 @@ type sender struct {
 	// taken counts the room's chunks its worker took off the queue
 	// (skipped ones included); the last one taken is in the worker's hands
 	// while the room heads the queue.
-	taken    int64
+	taken int64
+	// lastPoll is what the scheduler's last pass read: with attention TP
+	// the MIN over the group's ranks (SGLang v0.5.18:
+	// disaggregation/utils.py poll_and_all_reduce), which every rank acts
+	// on. local is this sender's own poll of that pass, which the plugin
+	// lists and its orders check; the same with one rank.
 	lastPoll kvPoll
+	local    kvPoll
 
 	aborted      bool // abort(): record_failure, conclude_state = Failed
 	statusFailed bool // update_status(room, Failed) took
@@ -273,9 +283,10 @@ type rank struct {
 
 	iterations uint64 // inflight passes seen by the plugin hook
 	lastIter   time.Time
-	wedge      [TransferQueues]*sender // the stuck handle each worker waits on
-	workers    [TransferQueues]worker
-	orphans    []orphan
+	// xfer is the leader's transfer side; peers the other attention-TP
+	// ranks' (Options.AttnTP - 1), each with its own workers.
+	xfer
+	peers []*xfer
 	// speed is each queue's link speed, a factor of the planned one; a
 	// property of the network, so a restart keeps it (SetLinkSpeed).
 	speed [TransferQueues]float64
@@ -356,10 +367,11 @@ func (r *rank) reset(gen int) {
 	r.inflightTk = 0
 	r.iterations = 0
 	r.lastIter = time.Time{}
-	r.wedge = [TransferQueues]*sender{}
-	r.workers = [TransferQueues]worker{}
+	r.xfer = xfer{}
+	for _, x := range r.peers {
+		*x = xfer{}
+	}
 	r.orders = [TransferQueues]*wedgeOrder{}
-	r.orphans = nil
 	r.pid = basePID + r.idx + 1000*gen
 	r.m = rankMetrics{}
 }
@@ -473,7 +485,13 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 	pin := kind.Pin()
 	for pp := range g.stages {
 		on := pin && (spec.PinStages == nil || containsInt(spec.PinStages, pp))
-		q.senders = append(q.senders, &sender{q: q, pinned: on, lastPoll: pollBootstrapping})
+		row := make([]*sender, s.opts.AttnTP)
+		for t := range row {
+			row[t] = &sender{q: q, tp: t, pinned: on && (spec.PinTPRanks == nil || containsInt(spec.PinTPRanks, t)),
+				lastPoll: pollBootstrapping, local: pollBootstrapping}
+		}
+		q.senders = append(q.senders, row[0])
+		q.tp = append(q.tp, row)
 	}
 	q.rec = len(g.records)
 	g.records = append(g.records, record{rid: q.rid, room: q.room, rank: int32(rank), drank: -1,
@@ -680,8 +698,10 @@ func (g *group) popBootstrapped(s *Sim, now time.Time) {
 			continue
 		}
 		q.waitingSince = now
-		for _, sd := range q.senders {
-			sd.lastPoll = pollWaitingForInput
+		for _, row := range q.tp {
+			for _, sd := range row {
+				sd.lastPoll, sd.local = pollWaitingForInput, pollWaitingForInput
+			}
 		}
 		m.stage(stageBootstrap, now.Sub(q.arrived).Seconds())
 		m.stage(stagePrepare, 0.0002+0.0001*float64(q.prompt%7))
@@ -747,7 +767,9 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 		}
 		q.entered = now
 		for _, r := range g.stages {
-			r.enqueue(q.senders[r.pp], now)
+			for _, sd := range q.tp[r.pp] {
+				r.enqueue(sd, now)
+			}
 		}
 		rc := &g.records[q.rec]
 		rc.entered = now.UnixNano()
@@ -825,6 +847,18 @@ func (r *rank) pollInflight(s *Sim, now time.Time) (crashed bool) {
 			continue
 		}
 		p := r.poll(s, sd, now)
+		sd.local = p
+		// Every TP rank polls its own sender and the group acts on the MIN
+		// (KVPoll orders Failed < ... < Success): Success only once every
+		// rank's share landed, Failed on every rank as soon as one fails
+		// (SGLang v0.5.18: disaggregation/utils.py
+		// poll_and_all_reduce_attn_cp_tp_group, disaggregation/prefill.py
+		// process_disagg_prefill_inflight_queue).
+		for _, peer := range q.tp[r.pp][1:] {
+			pp := r.poll(s, peer, now)
+			peer.local, peer.lastPoll = pp, pp
+			p = min(p, pp)
+		}
 		if p == pollFailed && s.opts.LeverEra == LeversEarly {
 			return true
 		}
@@ -884,7 +918,7 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		// The room was never registered (SGLang v0.5.18: disaggregation/common/conn.py).
 		return pollWaitingForInput, false
 	}
-	r.runWorker(q.queue, now)
+	r.run(r.xf(sd.tp), q.queue, now)
 	if sd.statusFailed {
 		return pollFailed, true
 	}
@@ -929,10 +963,11 @@ func (r *rank) enqueue(sd *sender, at time.Time) {
 	// The worker's time up to the hand-over belongs to the rooms queued
 	// before it (released ones included, which the worker skips): played
 	// first, so that the room gets none of it.
-	r.runWorker(q.queue, at)
-	w := &r.workers[q.queue]
+	x := r.xf(sd.tp)
+	r.run(x, q.queue, at)
+	w := &x.workers[q.queue]
 	w.fifo = append(w.fifo, sd)
-	r.markBehind(q.queue)
+	r.markBehind(x, q.queue)
 }
 
 // doneAt is the worker time at which the worker is done with sd: its last
@@ -1000,28 +1035,17 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 		delete(r.byRID, q.rid)
 	}
 	r.inflightTk -= q.prompt
-	sd.settleWork = sd.work
-	if sd.outstanding > 0 && !q.fake {
-		// The Failed branch frees the request, not the transfer: the worker
-		// still holds the chunk (SGLang v0.5.18: disaggregation/nixl/conn.py,
-		// managers/scheduler.py, disaggregation/common/conn.py).
-		o := orphan{room: q.room, queue: q.queue}
-		if !sd.wedging && !sd.frozen {
-			rest := q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery
-			sd.settleWork = sd.work + rest
-			sd.orphaned = true
-			// At the link's present speed; the worker corrects it when the
-			// chunk settles (settleOrphan).
-			if d := realTime(rest, r.speed[q.queue]); d >= 0 {
-				o.until = now.Add(d)
-			}
-		}
-		r.orphans = append(r.orphans, o)
-		sd.orphanUntil = o.until
+	// Every TP rank releases the request on the same pass (they act on
+	// the same all-reduced poll). On the ranks whose own status is not
+	// Failed, the Failed branch's failure_exception() clears the room
+	// (request_status and transfer_infos), so their workers drop its
+	// queued chunks too; the chunk a worker holds is not recalled
+	// (SGLang v0.5.18: disaggregation/prefill.py
+	// handle_inflight_transfer_failure, disaggregation/nixl/conn.py and
+	// mooncake/conn.py failure_exception and transfer_worker).
+	for _, each := range q.tp[r.pp] {
+		r.releaseTransfer(each, now)
 	}
-	// The room's chunks stay on its queue: the worker finishes the one in
-	// its hands and skips the others when it reaches them (runWorker).
-	sd.released = true
 	ok := sd.lastPoll == pollSuccess
 	m := &r.m
 	if !ok {
@@ -1089,14 +1113,51 @@ func (r *rank) release(s *Sim, q *request, now time.Time) {
 	// transfer worker).
 }
 
+// releaseTransfer lets sd's room go on its TP rank: a chunk still in its
+// worker's hands becomes an orphan, which settles when the chunk does
+// (never, for a stuck handle).
+func (r *rank) releaseTransfer(sd *sender, now time.Time) {
+	q := sd.q
+	sd.settleWork = sd.work
+	if sd.outstanding > 0 && !q.fake {
+		// The Failed branch frees the request, not the transfer: the worker
+		// still holds the chunk (SGLang v0.5.18: disaggregation/nixl/conn.py,
+		// managers/scheduler.py, disaggregation/common/conn.py).
+		o := orphan{room: q.room, queue: q.queue}
+		if !sd.wedging && !sd.frozen {
+			rest := q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery
+			sd.settleWork = sd.work + rest
+			sd.orphaned = true
+			// At the link's present speed; the worker corrects it when the
+			// chunk settles (settleOrphan).
+			if d := realTime(rest, r.speed[q.queue]); d >= 0 {
+				o.until = now.Add(d)
+			}
+		}
+		x := r.xf(sd.tp)
+		x.orphans = append(x.orphans, o)
+		sd.orphanUntil = o.until
+	}
+	// The room's chunks stay on its queue: the worker finishes the one in
+	// its hands and skips the others when it reaches them (run).
+	sd.released = true
+}
+
 func (r *rank) pruneOrphans(now time.Time) {
-	kept := r.orphans[:0]
-	for _, o := range r.orphans {
+	r.xfer.pruneOrphans(now)
+	for _, x := range r.peers {
+		x.pruneOrphans(now)
+	}
+}
+
+func (x *xfer) pruneOrphans(now time.Time) {
+	kept := x.orphans[:0]
+	for _, o := range x.orphans {
 		if o.until.IsZero() || o.until.After(now) {
 			kept = append(kept, o)
 		}
 	}
-	r.orphans = kept
+	x.orphans = kept
 }
 
 // takeOrders applies the queued force-fail orders at the start of the
@@ -1164,7 +1225,7 @@ func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time)
 		AppliedUnix: unixSeconds(now)}
 	set := sd.leversSet(levers)
 	switch {
-	case sd.lastPoll == pollFailed || (len(levers) > 0 && len(set) == len(levers)):
+	case sd.local == pollFailed || (len(levers) > 0 && len(set) == len(levers)):
 		resp.Result = pluginapi.ResultAlreadyFailed
 		resp.Levers = set
 	case req.DryRun:
@@ -1283,8 +1344,20 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	// transfer_in_flight below is read from that count exactly where it
 	// exists, so the listing can say a false proves no chunk in flight.
 	srv.TransferTracking = &queues
-	// One rank per group: the simulator models no attention TP.
-	srv.TransferRanks, srv.TransferRanksWatched = intPtr(1), intPtr(1)
+	// Every rank of the attention-TP group sends; the leader reads its own
+	// manager and every peer it watches (docs/plugin-api.md, round 5).
+	// LeaderOnlyView lists what the watchdog read through round 4: the
+	// leader as the only writer.
+	peers := r.watchedPeers(s)
+	switch {
+	case s.opts.AttnTP == 1 || s.opts.LeaderOnlyView:
+		srv.TransferRanks, srv.TransferRanksWatched = intPtr(1), intPtr(1)
+	case queues:
+		srv.TransferRanks, srv.TransferRanksWatched = intPtr(s.opts.AttnTP), intPtr(1+len(peers))
+	default:
+		// No manager keeps the count: nobody is watched.
+		srv.TransferRanks, srv.TransferRanksWatched = intPtr(s.opts.AttnTP), intPtr(0)
+	}
 	round4 := s.roundFour()
 	if !s.opts.PreRound4Plugin {
 		srv.TransferProgress = &round4
@@ -1316,12 +1389,15 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 			progress = -1
 		}
 		rm := pluginapi.Room{
-			RID: q.rid, BootstrapRoom: q.room, BootstrapAddr: q.addr, Poll: sd.lastPoll.String(),
+			RID: q.rid, BootstrapRoom: q.room, BootstrapAddr: q.addr, Poll: sd.local.String(),
 			AgeSeconds: now.Sub(q.entered).Seconds(), PromptTokens: q.prompt, Progress: progress,
 			SendFailed: nixl && !q.fake && sd.sendFailed, HealthCheck: q.healthCheck(),
 		}
 		// The fake sender has no KV manager queue.
 		inFlight := queues && !q.fake && sd.outstanding > 0
+		for _, peer := range q.tp[r.pp][1 : 1+len(peers)] {
+			inFlight = inFlight || (queues && !q.fake && peer.outstanding > 0)
+		}
 		rm.TransferInFlight = &inFlight
 		if queues && !q.fake {
 			rm.TransferQueue = intPtr(q.queue)
@@ -1332,14 +1408,42 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		l.Inflight[i] = rm
 	}
 	if queues {
+		at := map[uint64]int{} // room -> its entry
 		for _, o := range r.orphans {
 			if o.until.IsZero() || o.until.After(now) {
+				at[o.room] = len(l.OrphanedTransfers)
 				l.OrphanedTransfers = append(l.OrphanedTransfers, pluginapi.OrphanedTransfer{
 					BootstrapRoom: o.room, TransferQueue: intPtr(o.queue), OutstandingChunks: 1})
 			}
 		}
+		// A room another rank still sends for: summed over the ranks, with
+		// no queue (the peers' queues are not the leader's).
+		for _, x := range peers {
+			for _, o := range x.orphans {
+				if !o.until.IsZero() && !o.until.After(now) {
+					continue
+				}
+				if i, ok := at[o.room]; ok {
+					l.OrphanedTransfers[i].OutstandingChunks++
+					continue
+				}
+				at[o.room] = len(l.OrphanedTransfers)
+				l.OrphanedTransfers = append(l.OrphanedTransfers, pluginapi.OrphanedTransfer{
+					BootstrapRoom: o.room, OutstandingChunks: 1})
+			}
+		}
 	}
 	return l
+}
+
+// watchedPeers are the non-leader ranks whose outstanding chunks the
+// leader's plugin reads: all but the last Options.TPUnwatched, none in
+// the leader-only view.
+func (r *rank) watchedPeers(s *Sim) []*xfer {
+	if s.opts.LeaderOnlyView {
+		return nil
+	}
+	return r.peers[:len(r.peers)-s.opts.TPUnwatched]
 }
 
 func intPtr(v int) *int { return &v }
@@ -1358,9 +1462,16 @@ func (g *group) parity(s *Sim, now time.Time) {
 		q.entered = entered
 		q.workerProgress = true
 		for _, r := range g.stages {
+			for _, sd := range q.tp[r.pp] {
+				r.enqueue(sd, entered)
+				sd.local = r.poll(s, sd, now)
+			}
 			sd := q.senders[r.pp]
-			r.enqueue(sd, entered)
-			sd.lastPoll = r.poll(s, sd, now)
+			sd.lastPoll = sd.local
+			for _, peer := range q.tp[r.pp][1:] {
+				peer.lastPoll = peer.local
+				sd.lastPoll = min(sd.lastPoll, peer.local)
+			}
 			r.admit(q)
 		}
 		rc := &g.records[q.rec]

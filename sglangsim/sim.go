@@ -199,6 +199,22 @@ type Options struct {
 	// server.transfer_progress, transfer_workers, wedge_orders nor
 	// chunks_queued, and no /admin/wedge_order (404).
 	PreRound4Plugin bool
+	// AttnTP is the attention-TP group size of every prefill (dp, pp) rank
+	// (default 1). With AttnTP > 1 each rank of the group runs its own
+	// transfer workers into its decode peer's pages: a room has one sender
+	// per TP rank, each with its own worker state and possible pin, and the
+	// scheduler reads the MIN of their polls (see the package doc, "Attention
+	// TP").
+	AttnTP int
+	// TPUnwatched is how many non-leader ranks of each group the plugin's
+	// leader does not read (a peer that stopped publishing, or one on
+	// another host): listed in transfer_ranks_watched, not merged.
+	TPUnwatched int
+	// LeaderOnlyView makes the plugin list what the watchdog read up to
+	// round 4: the leader's transfer state alone, with transfer_ranks and
+	// transfer_ranks_watched 1, as if the leader were the only writer. It
+	// exists to measure that view's hazard with AttnTP > 1.
+	LeaderOnlyView bool
 }
 
 // Behavior is how a submitted request's transfer goes.
@@ -281,6 +297,10 @@ type RequestSpec struct {
 	// PinStages are the PP stages whose transfer the pin holds; nil = every
 	// stage. The other stages transfer normally (Transfer, or the median).
 	PinStages []int
+	// PinTPRanks are the attention-TP ranks whose transfer the pin holds
+	// (0 is the leader); nil = every rank. The others transfer normally:
+	// {1} is a wedge on a non-leader rank only.
+	PinTPRanks []int
 	// Warmup makes a BehaviorHealthCheck or BehaviorStuckHealthCheck a
 	// warm-up request: same fake host and room 0, a plain random rid with
 	// no HEALTH_CHECK prefix (SGLang v0.5.18: disaggregation/utils.py, constants.py).
@@ -456,6 +476,15 @@ func New(o Options) (*Sim, error) {
 	if o.PPSize == 0 {
 		o.PPSize = 1
 	}
+	if o.AttnTP < 0 || o.TPUnwatched < 0 {
+		return nil, errors.New("sglangsim: AttnTP and TPUnwatched must not be negative")
+	}
+	if o.AttnTP == 0 {
+		o.AttnTP = 1
+	}
+	if o.TPUnwatched >= o.AttnTP {
+		return nil, errors.New("sglangsim: TPUnwatched counts non-leader ranks: at most AttnTP-1")
+	}
 	switch o.Era {
 	case "":
 		o.Era = EraV05
@@ -548,6 +577,9 @@ func New(o Options) (*Sim, error) {
 		}
 		for pp := 0; pp < o.PPSize; pp++ {
 			r := &rank{mu: &g.mu, g: g, idx: dp*o.PPSize + pp, dp: dp, pp: pp, byRID: make(map[string]*request)}
+			for range o.AttnTP - 1 {
+				r.peers = append(r.peers, &xfer{})
+			}
 			for qi := range r.speed {
 				r.speed[qi] = 1
 			}
@@ -909,11 +941,14 @@ func (s *Sim) ClientAbort(rank int, rid string) bool {
 			continue
 		}
 		found = true
-		sd := q.senders[st.pp]
-		sd.aborted = true
-		if s.opts.LeverEra != LeversNIXLMid2025 {
-			if _, present := st.status(s, sd, now); present {
-				sd.statusFailed = true
+		// The tokenizer broadcasts the AbortReq to every TP rank's
+		// scheduler, which aborts its own sender.
+		for _, sd := range q.tp[st.pp] {
+			sd.aborted = true
+			if s.opts.LeverEra != LeversNIXLMid2025 {
+				if _, present := st.status(s, sd, now); present {
+					sd.statusFailed = true
+				}
 			}
 		}
 	}

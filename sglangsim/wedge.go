@@ -66,7 +66,7 @@ func (r *rank) wedgeFail(s *Sim, qi int, minAge time.Duration, now time.Time, dr
 			continue
 		}
 		sd := q.senders[r.pp]
-		if st, _ := r.status(s, sd, now); st == pollSuccess || st == pollFailed || sd.lastPoll == pollFailed ||
+		if st, _ := r.status(s, sd, now); st == pollSuccess || st == pollFailed || sd.local == pollFailed ||
 			len(sd.leversSet(levers)) == len(levers) {
 			continue
 		}

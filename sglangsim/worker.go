@@ -123,22 +123,44 @@ func workTime(real time.Duration, speed float64) time.Duration {
 	return time.Duration(float64(real) * max(speed, 0))
 }
 
-// runWorker plays queue qi's worker up to now, chunk by chunk: the room at
+// xfer is one attention-TP rank's transfer side of a scheduler process:
+// its KV manager's worker queues, the stuck handle each waits on, and the
+// rooms released with a chunk still in flight. Every rank of the group has
+// its own (SGLang v0.5.18: disaggregation/nixl/conn.py and mooncake/conn.py
+// start transfer workers in each rank's KV manager).
+type xfer struct {
+	wedge   [TransferQueues]*sender // the stuck handle each worker waits on
+	workers [TransferQueues]worker
+	orphans []orphan
+}
+
+// xf is attention-TP rank tp's transfer side: the leader's (0) or a peer's.
+func (r *rank) xf(tp int) *xfer {
+	if tp == 0 {
+		return &r.xfer
+	}
+	return r.peers[tp-1]
+}
+
+// runWorker plays the leader's queue qi up to now (see run).
+func (r *rank) runWorker(qi int, now time.Time) { r.run(&r.xfer, qi, now) }
+
+// run plays queue qi's worker of x up to now, chunk by chunk: the room at
 // the head gets the worker's time until it is done, then the next; the
 // rooms behind wait in WaitingForInput with nothing sent. A room's chunk i
 // ends at pickup + (i+1) x chunkEvery of its planned transfer time (its
 // first chunk includes the pickup), played at the queue's link speed. A
 // slow chunk holds every room behind it; a stuck handle holds them until
 // the process restarts.
-func (r *rank) runWorker(qi int, now time.Time) {
+func (r *rank) run(x *xfer, qi int, now time.Time) {
 	if qi < 0 {
 		return
 	}
-	w := &r.workers[qi]
+	w := &x.workers[qi]
 	speed := r.speed[qi]
 	for w.clock.Before(now) {
-		if r.wedge[qi] != nil {
-			r.markBehind(qi)
+		if x.wedge[qi] != nil {
+			r.markBehind(x, qi)
 			w.clock = now
 			return
 		}
@@ -185,24 +207,24 @@ func (r *rank) runWorker(qi int, now time.Time) {
 			sd.frozen = true
 			sd.outstanding = 1
 			sd.wedging = true
-			r.wedge[qi] = sd
+			x.wedge[qi] = sd
 			continue
 		}
 		w.finish(w.clock)
-		r.settleOrphan(sd, w.clock)
+		x.settleOrphan(sd, w.clock)
 		w.skipRest(sd, w.clock)
 		w.pop()
 	}
 }
 
-// markBehind marks every room waiting behind queue qi's stuck handle
+// markBehind marks every room waiting behind queue qi's stuck handle of x
 // blocked: it will never be served. Callers hold r.mu.
-func (r *rank) markBehind(qi int) {
-	wd := r.wedge[qi]
+func (r *rank) markBehind(x *xfer, qi int) {
+	wd := x.wedge[qi]
 	if wd == nil {
 		return
 	}
-	for _, sd := range r.workers[qi].fifo {
+	for _, sd := range x.workers[qi].fifo {
 		if sd != wd && !sd.blocked && !sd.released {
 			sd.blocked = true
 			r.g.markBlocked(sd.q)
@@ -212,13 +234,13 @@ func (r *rank) markBehind(qi int) {
 
 // settleOrphan marks the chunk a released room left in flight settled at
 // `at`: the release guessed when, at the link speed of the time.
-func (r *rank) settleOrphan(sd *sender, at time.Time) {
+func (x *xfer) settleOrphan(sd *sender, at time.Time) {
 	if !sd.orphaned {
 		return
 	}
 	sd.orphaned = false
-	for i := range r.orphans {
-		if o := &r.orphans[i]; o.room == sd.q.room && o.queue == sd.q.queue {
+	for i := range x.orphans {
+		if o := &x.orphans[i]; o.room == sd.q.room && o.queue == sd.q.queue {
 			o.until = at
 		}
 	}
@@ -277,8 +299,12 @@ func (s *Sim) SetLinkSpeed(rank, queue int, speed float64) error {
 		r.mu.Lock()
 		for qi := range r.speed {
 			if queue == -1 || queue == qi {
-				// The worker's time so far went at the old speed.
+				// The worker's time so far went at the old speed, on every
+				// TP rank (they share the link's speed).
 				r.runWorker(qi, now)
+				for _, x := range r.peers {
+					r.run(x, qi, now)
+				}
 				r.speed[qi] = speed
 			}
 		}

@@ -114,6 +114,9 @@ type options struct {
 	cpuprofile   string
 	family       string
 	classes      string
+	attnTP       int
+	tpView       string
+	pinTPRanks   string
 }
 
 func main() {
@@ -147,8 +150,25 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the harness")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the harness at the end")
 	flag.StringVar(&o.family, "family", "default", "trace family: default (the trace above), or slowlink (issue 17's slow-link and wedge matrix, one trace per class; its own defaults: -duration 30m, -healthy 12500, -configs defaults,restart-5m)")
-	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, error-late, hung-handle, silent-pin)")
+	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all but tp-nonleader-wedge: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, error-late, hung-handle, silent-pin; tp-nonleader-wedge replays with -attn-tp 2 at least)")
+	flag.IntVar(&o.attnTP, "attn-tp", 1, "attention-TP group size of every prefill rank: each rank of the group runs its own transfer workers into its decode peer's pages (sglangsim Options.AttnTP)")
+	flag.StringVar(&o.tpView, "tp-view", "round5", "with an attention-TP group (-attn-tp > 1, or the slowlink class tp-nonleader-wedge), what the prefill plugin lists: round5 (every rank's chunks merged), stale-peer (one non-leader rank not read: fails closed), leader-only (the leader alone, as the only writer: the view the watchdog trusted through round 4)")
+	flag.StringVar(&o.pinTPRanks, "pin-tp-ranks", "", "default family: the attention-TP ranks the pins hold on, comma-separated (0 is the leader; \"1\": non-leader wedges); empty: every rank")
 	flag.Parse()
+	if o.attnTP < 1 {
+		fmt.Fprintln(os.Stderr, "-attn-tp: at least 1")
+		os.Exit(2)
+	}
+	switch o.tpView {
+	case "round5", "leader-only", "stale-peer":
+	default:
+		fmt.Fprintf(os.Stderr, "-tp-view: unknown view %q (want round5, stale-peer or leader-only)\n", o.tpView)
+		os.Exit(2)
+	}
+	if _, err := tpRanks(o.pinTPRanks, o.attnTP); err != nil {
+		fmt.Fprintln(os.Stderr, "-pin-tp-ranks:", err)
+		os.Exit(2)
+	}
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if o.family == "slowlink" {

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -79,10 +80,13 @@ type replayResult struct {
 	ridEvents map[string][]string // pins only
 	// The decode-side watchdog: its force-fail results and skips, and
 	// the requests it held because their transfer may be live.
-	decCalls   map[string]int
-	decSkips   map[string]int
-	heldLive   map[string]bool
-	lookups    map[string]int // prefill verdicts it got, by answer
+	decCalls map[string]int
+	decSkips map[string]int
+	heldLive map[string]bool
+	lookups  map[string]int // prefill verdicts it got, by answer
+	// verdicts is the last prefill verdict the decode-side watchdog got
+	// for each rid (what a decode release was decided on).
+	verdicts   map[string]string
 	corruption []sglangsim.Corruption
 	wall       time.Duration
 	end        time.Time
@@ -171,6 +175,7 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 		TransferMedian: o.median, HealthCheckEvery: o.hcEvery, HookRunsWhenEmpty: true,
 		Token: simToken, AllowRestart: true, BootTime: o.bootTime, DecodeWaitingTimeout: o.stockTimeout,
 		DecodeDPSize: o.decodeRanks,
+		AttnTP:       t.attnTP, LeaderOnlyView: t.attnTP > 1 && o.tpView == "leader-only", TPUnwatched: t.unwatched(),
 	})
 	if err != nil {
 		return nil, err
@@ -178,7 +183,7 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	res := &replayResult{cfg: rc, calls: map[string]int{}, skips: map[string]int{}, trigger: map[string]string{},
 		restarts: map[string]int{}, refused: map[sglangsim.Kind]int{}, ridEvents: map[string][]string{},
 		decCalls: map[string]int{}, decSkips: map[string]int{}, heldLive: map[string]bool{}, lookups: map[string]int{},
-		pins: &pinTracker{pins: map[string]*pinTrack{}}}
+		verdicts: map[string]string{}, pins: &pinTracker{pins: map[string]*pinTrack{}}}
 	if rc.collectSeries {
 		res.series = newSeriesStore()
 	}
@@ -292,6 +297,8 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 				spec.Rank, spec.Behavior = a.rank, a.behavior
 			} else if a.behavior == sglangsim.BehaviorHealthy || a.behavior == sglangsim.BehaviorSlow {
 				spec.Bootstrap = 2*time.Millisecond + time.Duration(rng.Float64()*float64(28*time.Millisecond))
+			} else if isPinBehavior(a.behavior) {
+				spec.PinTPRanks = t.pinTP
 			}
 			rid, _, err := sim.TrySubmit(spec)
 			if err != nil {
@@ -353,12 +360,22 @@ func (m *simDecodeMetrics) Scrape(context.Context) (*watchdog.MetricsSample, err
 // verdictTransport carries the decode-side watchdog's verdict lookups to
 // the prefill watchdog's VerdictHandler in memory: the real client (URL
 // from the bootstrap host, network check, 5 s cache on the fake clock) and
-// the real handler, without sockets.
-type verdictTransport struct{ h http.Handler }
+// the real handler, without sockets. It notes each rid's last verdict.
+type verdictTransport struct {
+	h        http.Handler
+	mu       *sync.Mutex
+	verdicts map[string]string
+}
 
 func (t verdictTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	rec := httptest.NewRecorder()
 	t.h.ServeHTTP(rec, r)
+	var v pluginapi.RoomVerdict
+	if rec.Code == http.StatusOK && json.Unmarshal(rec.Body.Bytes(), &v) == nil && v.RID != "" {
+		t.mu.Lock()
+		t.verdicts[v.RID] = v.Verdict
+		t.mu.Unlock()
+	}
 	return rec.Result(), nil
 }
 
@@ -395,7 +412,7 @@ func decodeWatchdog(sim *sglangsim.Sim, c clock.Clock, prefill *watchdog.Watchdo
 		}
 		v, err := pluginapi.NewVerdictClient(pluginapi.VerdictClientOptions{
 			URLTemplate: "http://{host}:9433", Networks: []netip.Prefix{netip.PrefixFrom(addr, addr.BitLen())},
-			Client: &http.Client{Transport: verdictTransport{prefill.VerdictHandler()}}, Timeout: 500 * time.Millisecond,
+			Client: &http.Client{Transport: verdictTransport{h: prefill.VerdictHandler(), mu: &sync.Mutex{}, verdicts: res.verdicts}}, Timeout: 500 * time.Millisecond,
 			CacheTTL: 5 * time.Second, Now: c.Now,
 		})
 		if err != nil {

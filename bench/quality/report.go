@@ -43,6 +43,13 @@ func run(o options) int {
 	fmt.Printf("# Detection quality, seed %d\n\n", o.seed)
 	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, %s evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
 		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.mechanisms, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
+	if tr.attnTP > 1 {
+		on := "every rank"
+		if o.pinTPRanks != "" {
+			on = "TP ranks " + o.pinTPRanks
+		}
+		fmt.Printf("attention TP %d on every prefill rank (each TP rank its own transfer workers), pins held on %s; plugin view %s\n", tr.attnTP, on, o.tpView)
+	}
 
 	all := configs(o)
 	type job struct {

@@ -5,11 +5,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 	"github.com/sglang-watchdog/sglang-watchdog/sglangsim"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
 // The slow-link family (-family slowlink): issue 17's false-positive
@@ -32,8 +35,11 @@ type slClass struct {
 	// (pins, and the rooms queued behind a stuck handle), which must be
 	// released.
 	stuck bool
-	what  string
-	add   func(b *slBuilder)
+	// tp: the class replays an attention-TP group (-attn-tp, at least 2)
+	// and is replayed only when -classes names it.
+	tp   bool
+	what string
+	add  func(b *slBuilder)
 }
 
 // slBuilder builds one class's trace.
@@ -43,6 +49,7 @@ type slBuilder struct {
 	t       *trace
 	traffic time.Duration // arrivals stop here
 	speed   float64       // pages per second at full link speed
+	attnTP  int           // the trace's attention-TP group size
 }
 
 // slowWindow is when the link classes slow their links down.
@@ -146,6 +153,30 @@ func slowlinkClasses() []slClass {
 					})
 				}
 			}},
+		{name: "tp-nonleader-wedge", stuck: true, tp: true, what: "attention TP (-attn-tp, at least 2): 10 pairs of hung handles on one rank and decode endpoint, the first on the leader, the second 5 to 30 s later on every other TP rank (it waits behind the first on the leader, hangs on the others), and 10 lone hung handles on the non-leader ranks",
+			add: func(b *slBuilder) {
+				others := make([]int, 0, b.attnTP-1)
+				for t := 1; t < b.attnTP; t++ {
+					others = append(others, t)
+				}
+				for range 10 {
+					at := b.uniform(2*time.Minute, b.traffic-2*time.Minute)
+					rank, port := b.rng.IntN(b.o.ranks), sglangsim.DefaultDecodePorts[b.rng.IntN(len(sglangsim.DefaultDecodePorts))]
+					first := b.request(at, b.prompt(), func(s *sglangsim.RequestSpec) {
+						s.Behavior, s.PinTPRanks, s.DecodePort = sglangsim.BehaviorPinStuckHandle, []int{0}, port
+					})
+					first.rank = rank
+					second := b.request(at+b.uniform(5*time.Second, 30*time.Second), b.prompt(), func(s *sglangsim.RequestSpec) {
+						s.Behavior, s.PinTPRanks, s.DecodePort = sglangsim.BehaviorPinStuckHandle, others, port
+					})
+					second.rank = rank
+				}
+				for range 10 {
+					b.request(b.uniform(2*time.Minute, b.traffic-2*time.Minute), b.prompt(), func(s *sglangsim.RequestSpec) {
+						s.Behavior, s.PinTPRanks = sglangsim.BehaviorPinStuckHandle, others
+					})
+				}
+			}},
 		{name: "silent-pin", stuck: true, what: "10 resurrection pins and 10 aborted-before-register pins (nothing in flight)",
 			add: func(b *slBuilder) {
 				for i := range 20 {
@@ -162,8 +193,12 @@ func slowlinkClasses() []slClass {
 // slowlinkTrace is class c's trace: -healthy requests spread evenly over
 // the trace (arrivals stop 5 minutes before its end) plus the class's own.
 func slowlinkTrace(o options, c slClass) *trace {
-	b := &slBuilder{o: o, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x5104)), t: &trace{o: o},
-		traffic: o.duration - 5*time.Minute, speed: 2048 / o.median.Seconds()}
+	tp := o.attnTP
+	if c.tp {
+		tp = max(tp, 2)
+	}
+	b := &slBuilder{o: o, rng: rand.New(rand.NewPCG(uint64(o.seed), 0x5104)), t: &trace{o: o, attnTP: tp},
+		traffic: o.duration - 5*time.Minute, speed: 2048 / o.median.Seconds(), attnTP: tp}
 	for range o.healthy {
 		b.request(b.uniform(0, b.traffic), b.prompt(), nil)
 	}
@@ -323,6 +358,8 @@ func runSlowlink(o options, cfgNames []string) int {
 			}
 		}
 		classes = keep
+	} else {
+		classes = slices.DeleteFunc(classes, func(c slClass) bool { return c.tp })
 	}
 	type job struct {
 		class slClass
@@ -365,6 +402,9 @@ func runSlowlink(o options, cfgNames []string) int {
 		o.ranks, o.duration, o.healthy, o.median, o.deadline, o.stall, o.step, time.Since(t0).Round(100*time.Millisecond))
 	for _, cl := range classes {
 		fmt.Printf("- %s: %s\n", cl.name, cl.what)
+		if tp := traces[cl.name].attnTP; tp > 1 {
+			fmt.Printf("  (replayed with attention TP %d, plugin view %s)\n", tp, o.tpView)
+		}
 	}
 	for _, n := range cfgNames {
 		fmt.Printf("\n## %s\n\n", n)
@@ -384,6 +424,101 @@ func runSlowlink(o options, cfgNames []string) int {
 				s.released, s.stuck, dist(s.fromAdmission), dist(s.overDL), fmt.Sprintf("%s (%d)", dist(s.afterDiagnosis), len(s.afterDiagnosis)), s.hungStuck, s.hungOther, s.forcedFailing)
 		}
 	}
+	if slices.ContainsFunc(classes, func(c slClass) bool { return c.tp }) || o.attnTP > 1 {
+		var rows []slRow
+		for _, j := range jobs {
+			rows = append(rows, slRow{cfg: j.cfg.name, class: j.class.name, attnTP: traces[j.class.name].attnTP, res: j.res})
+		}
+		slDecodeTable(o, rows)
+	}
 	fmt.Println("\nA false failure is a room of kind healthy or slow (it would have completed: the simulator knows) that a force-fail or a wedge order failed. Stuck rooms are the pins and the rooms queued behind a stuck handle; their release counts a lever or a restart. \"error after wedge diagnosis\" runs from the watchdog's first transfer_wedged event for the stuck handle's rank and queue (or the room's entry, if later) to the room's error. \"left hung\" counts rooms still in the server at the end; \"other\" ones are still transferring.")
 	return 0
+}
+
+// slDecodeStats is one class's decode side under one configuration.
+type slDecodeStats struct {
+	hang                 []time.Duration // stuck rooms: inflight entry to the client's answer (or the end)
+	open                 int             // stuck rooms whose client still waits at the end
+	freedStopped         int             // decode force-fail releases after a "stopped" verdict
+	freedOther           int             // ... after another verdict
+	freedNoLookup        int             // ... with no verdict asked (no transfer started)
+	heldLive             int             // held as "transfer may be live"
+	heldThenTimeout      int             // of those, freed by SGLang's timeout
+	unsafeFF, unsafeTO   int             // pages freed under a live write: by a force-fail / SGLang's timeout
+	corruptFF, corruptTO int             // late writes landed: caused by a force-fail / SGLang's timeout
+}
+
+func slDecode(r *replayResult) slDecodeStats {
+	var st slDecodeStats
+	for _, rec := range r.records {
+		if rec.Kind == sglangsim.KindHealthCheck {
+			continue
+		}
+		stuck := rec.Kind.Pin() || rec.Kind == sglangsim.KindBlockedByWedge
+		if stuck && !rec.EnteredInflight.IsZero() {
+			if at := rec.ClientAnswered(); at.IsZero() {
+				st.open++
+				st.hang = append(st.hang, r.end.Sub(rec.EnteredInflight))
+			} else {
+				st.hang = append(st.hang, at.Sub(rec.EnteredInflight))
+			}
+		}
+		if rec.DecodeEnd == sglangsim.DecodeForceFail {
+			switch v, asked := r.verdicts[rec.RID]; {
+			case !asked:
+				st.freedNoLookup++
+			case v == pluginapi.VerdictStopped:
+				st.freedStopped++
+			default:
+				st.freedOther++
+			}
+		}
+		if r.heldLive[rec.RID] {
+			st.heldLive++
+			if rec.DecodeEnd == sglangsim.DecodeTimeout {
+				st.heldThenTimeout++
+			}
+		}
+		switch rec.UnsafeFree {
+		case sglangsim.DecodeForceFail:
+			st.unsafeFF++
+		case sglangsim.DecodeTimeout:
+			st.unsafeTO++
+		}
+	}
+	for _, c := range r.corruption {
+		switch c.Cause {
+		case sglangsim.DecodeForceFail:
+			st.corruptFF++
+		case sglangsim.DecodeTimeout:
+			st.corruptTO++
+		}
+	}
+	return st
+}
+
+// slRow is one replay of the slow-link family.
+type slRow struct {
+	cfg, class string
+	attnTP     int
+	res        *replayResult
+}
+
+// slDecodeTable prints the decode side of every replay: the client's wait
+// on a stuck room and whether a decode release ever freed pages another
+// rank still wrote.
+func slDecodeTable(o options, rows []slRow) {
+	fmt.Printf("\n## Decode side and page safety (decode deadline %s, SGLang's waiting timeout %s)\n\n",
+		watchdog.DefaultDecodeDeadline, o.stockTimeout)
+	fmt.Println("| configuration | class | prefill attention TP (plugin view) | client hang of stuck rooms from the inflight queue, median / p99 / max (still waiting at the end) | decode force-fail releases: after a \"stopped\" verdict / after another verdict / no lookup (no transfer started) | held as \"transfer may be live\" (then freed by SGLang's timeout) | decode pages freed under a live write: by a force-fail / by SGLang's timeout | page corruptions (late writes landed) caused by a force-fail / by SGLang's timeout |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	for _, row := range rows {
+		st := slDecode(row.res)
+		tp := "1"
+		if row.attnTP > 1 {
+			tp = fmt.Sprintf("%d (%s)", row.attnTP, o.tpView)
+		}
+		fmt.Printf("| %s | %s | %s | %s (%d) | %d / %d / %d | %d (%d) | %d / %d | **%d** / %d |\n", row.cfg, row.class, tp, dist(st.hang), st.open,
+			st.freedStopped, st.freedOther, st.freedNoLookup, st.heldLive, st.heldThenTimeout, st.unsafeFF, st.unsafeTO, st.corruptFF, st.corruptTO)
+	}
 }

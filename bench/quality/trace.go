@@ -1,9 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,11 +39,42 @@ type trace struct {
 	arrivals []arrival    // sorted by at
 	links    []linkChange // sorted by at
 	pins     int
+	// attnTP is the attention-TP group size of the prefill ranks
+	// (sglangsim Options.AttnTP); pinTP the ranks the default family's pins
+	// hold on (nil: all).
+	attnTP int
+	pinTP  []int
+}
+
+// unwatched is how many non-leader ranks the plugin does not read: one
+// with -tp-view stale-peer.
+func (t *trace) unwatched() int {
+	if t.attnTP > 1 && t.o.tpView == "stale-peer" {
+		return 1
+	}
+	return 0
+}
+
+// tpRanks parses a comma-separated list of attention-TP ranks below n.
+func tpRanks(list string, n int) ([]int, error) {
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 0 || v >= n {
+			return nil, fmt.Errorf("%q is not an attention-TP rank below -attn-tp %d", f, n)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 func makeTrace(o options) *trace {
 	rng := rand.New(rand.NewPCG(uint64(o.seed), 0x5eed))
-	t := &trace{o: o}
+	t := &trace{o: o, attnTP: o.attnTP}
+	t.pinTP, _ = tpRanks(o.pinTPRanks, o.attnTP) // checked by main
 	// Traffic stops 6 minutes before the end so that every healthy request
 	// (at most 100 medians) and every pin (deadline + windows) can finish.
 	traffic := o.duration - 6*time.Minute

@@ -1,0 +1,169 @@
+package sglangsim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/clock"
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+func prefillFF(s *Sim, rid string) (int, pluginapi.ForceFailResponse) {
+	return s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: rid}, "Bearer "+s.opts.Token)
+}
+
+func orphanOf(l pluginapi.Listing, room uint64) (pluginapi.OrphanedTransfer, bool) {
+	for _, o := range l.OrphanedTransfers {
+		if o.BootstrapRoom == room {
+			return o, true
+		}
+	}
+	return pluginapi.OrphanedTransfer{}, false
+}
+
+// TestTPListingRanks: transfer_ranks and transfer_ranks_watched per view,
+// and what they make of Server.SeesEveryWriter.
+func TestTPListingRanks(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		o              Options
+		ranks, watched int
+		every          bool
+	}{
+		{"one rank", Options{}, 1, 1, true},
+		{"TP2", Options{AttnTP: 2}, 2, 2, true},
+		{"TP4 one stale peer", Options{AttnTP: 4, TPUnwatched: 1}, 4, 3, false},
+		{"TP2 leader-only view", Options{AttnTP: 2, LeaderOnlyView: true}, 1, 1, true},
+		{"TP2 mid-2025 NIXL", Options{AttnTP: 2, LeverEra: LeversNIXLMid2025}, 2, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newSim(t, tc.o)
+			srv := s.Listing(0).Server
+			if *srv.TransferRanks != tc.ranks || *srv.TransferRanksWatched != tc.watched || srv.SeesEveryWriter() != tc.every {
+				t.Fatalf("ranks %d watched %d sees every writer %v", *srv.TransferRanks, *srv.TransferRanksWatched, srv.SeesEveryWriter())
+			}
+		})
+	}
+	if _, err := New(Options{Clock: clock.NewFake(t0), AttnTP: 2, TPUnwatched: 2}); err == nil {
+		t.Fatal("TPUnwatched beyond the non-leader ranks was accepted")
+	}
+}
+
+// TestTPNonLeaderWedge: a handle hung on the non-leader rank only. The
+// leader's own share lands (its poll reads Success, so a force-fail
+// through it answers transfer_succeeded, as the plugin does), but the
+// group's MIN poll keeps the room in the inflight queue, the merged
+// listing shows its chunk in flight, and decode, whose receivers miss
+// that rank's share, never sees it done. The leader-only view hides the
+// chunk; a stale peer is not merged either, but says so.
+func TestTPNonLeaderWedge(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		o        Options
+		inFlight bool
+	}{
+		{"round 5", Options{AttnTP: 2}, true},
+		{"leader-only view", Options{AttnTP: 2, LeaderOnlyView: true}, false},
+		{"stale peer", Options{AttnTP: 2, TPUnwatched: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := newSim(t, tc.o)
+			rid, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{1}, DecodePort: 17002,
+				Transfer: 2 * time.Second, PromptTokens: 4096})
+			run(s, c, 30*time.Second, 100*time.Millisecond)
+			l := s.Listing(0)
+			rm, ok := room(l, rid)
+			if !ok {
+				t.Fatalf("the room left the inflight queue while a rank still sends: %+v", recordOf(t, s, rid))
+			}
+			if rm.Poll != pluginapi.PollSuccess || *rm.TransferInFlight != tc.inFlight {
+				t.Fatalf("listed %+v, want the leader's Success and transfer_in_flight %v", rm, tc.inFlight)
+			}
+			if st, resp := prefillFF(s, rid); st != 409 || resp.Result != pluginapi.ResultTransferSucceeded {
+				t.Fatalf("force-fail through the leader: %d %+v", st, resp)
+			}
+			d := mustDecodeReq(t, s.DecodeListing(0), rid)
+			if d.Queue != pluginapi.DecodeQueueTransfer || d.Poll == pluginapi.PollSuccess {
+				t.Fatalf("decode saw the transfer done: %+v", d)
+			}
+			if rec := recordOf(t, s, rid); rec.Outcome != OutcomeInflight {
+				t.Fatalf("record %+v", rec)
+			}
+		})
+	}
+}
+
+// TestTPForceFailLeavesPeerWrite: room B waits on the leader behind a
+// handle hung there (nothing of B in flight on the leader) while the
+// other rank, whose worker got past that room, hangs on B's chunk. A
+// force-fail through the leader fails B on every rank (the MIN reads
+// Failed) and releases it, but the other rank's chunk is not recalled:
+// round 5 lists it as an orphan (no queue), the leader-only view shows
+// nothing. Decode told "stopped" frees pages that chunk still writes, and
+// the next request that gets them is corrupted.
+func TestTPForceFailLeavesPeerWrite(t *testing.T) {
+	for _, leaderOnly := range []bool{false, true} {
+		name := map[bool]string{false: "round 5", true: "leader-only view"}[leaderOnly]
+		t.Run(name, func(t *testing.T) {
+			s, c := newSim(t, Options{AttnTP: 2, LeaderOnlyView: leaderOnly})
+			s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{0}, DecodePort: 17001,
+				Transfer: 2 * time.Second, Bootstrap: time.Millisecond})
+			run(s, c, time.Second, 100*time.Millisecond)
+			rid, rm := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{1}, DecodePort: 17001,
+				Transfer: 2 * time.Second, PromptTokens: 4096})
+			run(s, c, 10*time.Second, 100*time.Millisecond)
+			b, ok := room(s.Listing(0), rid)
+			if !ok || b.Poll != pluginapi.PollWaitingForInput || *b.TransferInFlight == leaderOnly {
+				t.Fatalf("before the force-fail: %+v %v", b, ok)
+			}
+			if st, resp := prefillFF(s, rid); st != 200 || resp.Result != pluginapi.ResultFlipped {
+				t.Fatalf("force-fail through the leader: %d %+v", st, resp)
+			}
+			run(s, c, time.Second, 100*time.Millisecond)
+			l := s.Listing(0)
+			if _, ok := room(l, rid); ok {
+				t.Fatal("the room is still in the inflight queue after its force-fail")
+			}
+			if rec := recordOf(t, s, rid); rec.Outcome != OutcomeFailedForced {
+				t.Fatalf("record %+v", rec)
+			}
+			o, orphaned := orphanOf(l, rm)
+			if orphaned == leaderOnly || (orphaned && (o.TransferQueue != nil || o.OutstandingChunks != 1)) {
+				t.Fatalf("orphaned_transfers %+v", l.OrphanedTransfers)
+			}
+			// What a decode side told "stopped" does.
+			mustDecodeFlip(t, s, rid, true, pluginapi.LeverAbort)
+			run(s, c, time.Second, 100*time.Millisecond)
+			next, _ := s.Submit(RequestSpec{DecodePort: 17003, Transfer: 10 * time.Second})
+			run(s, c, 3*time.Second, 100*time.Millisecond)
+			if r := recordOf(t, s, rid); r.UnsafeFree != DecodeForceFail {
+				t.Fatalf("the free under the other rank's live write went unrecorded: %+v", r)
+			}
+			if v := recordOf(t, s, next); v.CorruptedBy != rid {
+				t.Fatalf("the late write did not land: %+v %+v", v, s.Corruptions())
+			}
+		})
+	}
+}
+
+// TestTPOtherRankChunkSettles: a force-fail while the other rank is still
+// sending a healthy chunk: that chunk keeps writing until it settles,
+// listed as an orphan meanwhile; its queued chunks are dropped.
+func TestTPOtherRankChunkSettles(t *testing.T) {
+	s, c := newSim(t, Options{AttnTP: 2})
+	rid, rm := s.Submit(RequestSpec{Behavior: BehaviorPinResurrection, PinTPRanks: []int{0}, FreezeAt: 1, DecodePort: 17002,
+		Transfer: 100 * time.Second, Chunks: 10, PromptTokens: 10240})
+	run(s, c, 25*time.Second, 100*time.Millisecond)
+	if st, resp := prefillFF(s, rid); st != 200 || resp.Result != pluginapi.ResultFlipped {
+		t.Fatalf("force-fail: %d %+v", st, resp)
+	}
+	run(s, c, 200*time.Millisecond, 100*time.Millisecond)
+	if _, ok := orphanOf(s.Listing(0), rm); !ok {
+		t.Fatalf("the other rank's chunk in flight is not listed: %+v", s.Listing(0).OrphanedTransfers)
+	}
+	run(s, c, 10*time.Second, 100*time.Millisecond)
+	if o, ok := orphanOf(s.Listing(0), rm); ok {
+		t.Fatalf("the chunk never settled: %+v", o)
+	}
+}
