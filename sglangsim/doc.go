@@ -326,9 +326,12 @@
 // the room is Success only once every rank's share landed, and Failed on
 // every rank as soon as one rank's poll is, in the same pass. The plugin
 // lists the leader's own poll (so a room whose leader finished lists
-// Success and a force-fail answers 409 transfer_succeeded, as the plugin
-// does, even while another rank hangs: only a restart ends it on prefill,
-// and decode's own waiting timeout on decode). The levers (force-fail and
+// Success); a force-fail of such a room pulls the levers while a watched
+// rank still has a chunk of it out, as the plugin does (the Success branch
+// would wait for that rank for ever), and answers 409 transfer_succeeded
+// where no watched rank does (the leader-only view, an unwatched rank:
+// only a restart ends it on prefill, and decode's own waiting timeout on
+// decode). The levers (force-fail and
 // wedge orders) go to the leader's sender only; the Failed branch then
 // runs on every rank, where
 // failure_exception() clears the room (request_status, transfer_infos), so

@@ -1214,7 +1214,7 @@ func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time)
 		return code, refusal
 	}
 	sd := q.senders[r.pp]
-	if st, _ := r.status(s, sd, now); st == pollSuccess {
+	if st, _ := r.status(s, sd, now); st == pollSuccess && !r.sentElsewhere(s, q) {
 		room := q.room
 		return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultTransferSucceeded, RID: q.rid, BootstrapRoom: &room,
 			Error: "the transfer of rid " + strconv.Quote(q.rid) + " succeeded; the scheduler releases it on its own"}
@@ -1434,6 +1434,20 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		}
 	}
 	return l
+}
+
+// sentElsewhere tells whether a non-leader rank the plugin watches still
+// has a chunk of q outstanding. The plugin then pulls the levers on a room
+// its leader finished: the scheduler acts on the MIN poll over the group,
+// so its Success branch waits for that rank (for ever on a hung one), and
+// SGLang's abort() overwrites the leader's Success.
+func (r *rank) sentElsewhere(s *Sim, q *request) bool {
+	for _, peer := range q.tp[r.pp][1 : 1+len(r.watchedPeers(s))] {
+		if peer.outstanding > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // watchedPeers are the non-leader ranks whose outstanding chunks the

@@ -51,12 +51,14 @@ func TestTPListingRanks(t *testing.T) {
 }
 
 // TestTPNonLeaderWedge: a handle hung on the non-leader rank only. The
-// leader's own share lands (its poll reads Success, so a force-fail
-// through it answers transfer_succeeded, as the plugin does), but the
-// group's MIN poll keeps the room in the inflight queue, the merged
-// listing shows its chunk in flight, and decode, whose receivers miss
-// that rank's share, never sees it done. The leader-only view hides the
-// chunk; a stale peer is not merged either, but says so.
+// leader's own share lands (its poll reads Success), but the group's MIN
+// poll keeps the room in the inflight queue, the merged listing shows its
+// chunk in flight, and decode, whose receivers miss that rank's share,
+// never sees it done. A force-fail through the leader pulls the levers
+// where the plugin sees the other rank still sending (round 5, as the
+// plugin does: the Success branch would wait for ever), and answers
+// transfer_succeeded where it cannot see that rank (the leader-only view
+// hides the chunk; a stale peer is not merged either, but says so).
 func TestTPNonLeaderWedge(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -80,15 +82,26 @@ func TestTPNonLeaderWedge(t *testing.T) {
 			if rm.Poll != pluginapi.PollSuccess || *rm.TransferInFlight != tc.inFlight {
 				t.Fatalf("listed %+v, want the leader's Success and transfer_in_flight %v", rm, tc.inFlight)
 			}
-			if st, resp := prefillFF(s, rid); st != 409 || resp.Result != pluginapi.ResultTransferSucceeded {
-				t.Fatalf("force-fail through the leader: %d %+v", st, resp)
-			}
 			d := mustDecodeReq(t, s.DecodeListing(0), rid)
 			if d.Queue != pluginapi.DecodeQueueTransfer || d.Poll == pluginapi.PollSuccess {
 				t.Fatalf("decode saw the transfer done: %+v", d)
 			}
-			if rec := recordOf(t, s, rid); rec.Outcome != OutcomeInflight {
-				t.Fatalf("record %+v", rec)
+			st, resp := prefillFF(s, rid)
+			if !tc.inFlight {
+				if st != 409 || resp.Result != pluginapi.ResultTransferSucceeded {
+					t.Fatalf("force-fail through the leader, the other rank unseen: %d %+v", st, resp)
+				}
+				if rec := recordOf(t, s, rid); rec.Outcome != OutcomeInflight {
+					t.Fatalf("record %+v", rec)
+				}
+				return
+			}
+			if st != 200 || resp.Result != pluginapi.ResultFlipped {
+				t.Fatalf("force-fail through the leader, the other rank still sending: %d %+v", st, resp)
+			}
+			run(s, c, time.Second, 100*time.Millisecond)
+			if rec := recordOf(t, s, rid); rec.Outcome != OutcomeFailedForced {
+				t.Fatalf("record %+v, want released by the force-fail", rec)
 			}
 		})
 	}
