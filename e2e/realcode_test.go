@@ -109,11 +109,11 @@ type realCodeServer struct {
 	collector string
 }
 
-func startRealCodeServer(t *testing.T, src, backend, tokenFile string) *realCodeServer {
+func startRealCodeServer(t *testing.T, src, backend, tokenFile string, extra ...string) *realCodeServer {
 	t.Helper()
 	portFile := filepath.Join(t.TempDir(), "ports.json")
-	cmd := exec.Command(realCodePython(t), "-W", "ignore", "-m", "sglang_watchdog_plugin.conformance.server",
-		"--backend", backend, "--port-file", portFile, "--token-file", tokenFile, "--exit-on-stdin-close")
+	cmd := exec.Command(realCodePython(t), append([]string{"-W", "ignore", "-m", "sglang_watchdog_plugin.conformance.server",
+		"--backend", backend, "--port-file", portFile, "--token-file", tokenFile, "--exit-on-stdin-close"}, extra...)...)
 	cmd.Dir = filepath.Join(repoRoot, "sglang_plugin")
 	cmd.Env = append(os.Environ(), "SGLANG_SRC="+src)
 	stdin, err := cmd.StdinPipe()

@@ -174,6 +174,42 @@ class _Tp2:
             and not any(r["bootstrap_room"] == room for r in l["inflight"]),
             "the room to be quiet on both watched ranks")
 
+    def test_a_room_queued_behind_wedges_is_never_written_after_its_release(self):
+        """The "stopped" case the watchdog meets in practice: a room whose chunks wait behind a hung one on every
+        rank (one transfer queue per rank here), so none is in flight anywhere. Released, SGLang's pass clears its
+        status and transfer info on both ranks, and when the wedges clear its chunks are dropped unsent: decode
+        may free its pages."""
+        if not self.tracking:
+            self.skipTest("this release's KV managers keep no per-room count (_staging_outstanding)")
+        pinned, queued = next(_rooms), next(_rooms)
+        self.group.admit(pinned, transports.HANG)
+        _until(lambda: sorted(t.rank for t in transports.fabric.in_flight(pinned)) == [0, 1], _WAIT_S,
+               "the pinned room to hang on both ranks")
+        reqs = self.group.admit(queued, transports.COMPLETE)
+        rid = reqs[0].rid
+        self.eventually(
+            lambda l: l["server"]["transfer_ranks_watched"] == 2 and any(
+                r["bootstrap_room"] == queued and not r["transfer_in_flight"] and r["chunks_queued"]
+                for r in l["inflight"]),
+            "the leader to list the queued room with its chunk queued and none in flight")
+        self.assertEqual(transports.fabric.of_room(queued), [], "a chunk of the queued room reached the fabric")
+        self.assertEqual((self.outstanding(0, queued), self.outstanding(1, queued)), (0, 0))
+
+        status, body = self.force_fail(reqs[0])
+        self.assertEqual((status, body.get("result")), (200, "flipped"), body)
+        for rank in (0, 1):
+            _until(lambda: self.group.released(rank, rid) is not None, _WAIT_S, f"rank {rank} to release {rid}")
+            self.assertEqual(type(self.group.released(rank, rid)).__name__, "FINISH_ABORT")
+
+        # The wedges clear: both workers move on to the released room's chunks, which must never be sent.
+        transports.fabric.end_hangs([pinned], transports.COMPLETE)
+        _until(lambda: transports.fabric.in_flight(pinned) == [] and all(
+            not queue._buf for r in (0, 1) for queue in self.group.prefill_mgrs[r].transfer_queues), _WAIT_S,
+            "both ranks' workers to drain their queues")
+        time.sleep(0.3)  # a worker that dequeued the chunk last has had time to post it
+        self.assertEqual(transports.fabric.of_room(queued), [], "a rank wrote the released room's KV")
+        self.assertEqual((self.outstanding(0, queued), self.outstanding(1, queued)), (0, 0))
+
     def test_without_counts_no_rank_is_watched(self):
         """Releases whose managers keep no per-room count: the group is never fully watched (fail closed)."""
         if self.tracking:

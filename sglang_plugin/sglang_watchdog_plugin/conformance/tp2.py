@@ -120,6 +120,13 @@ class Tp2Group:
         self._start_barrier = threading.Barrier(self.size, action=self._take_pending, timeout=_BARRIER_TIMEOUT_S)
         self._pair = pair
         self._threads = []
+        self.passes = 0  # rank 0's
+        self.after_pass = []  # callables run on rank 0's scheduler thread after each pass (the server's stats)
+
+    @property
+    def scheduler(self):
+        """The leader's scheduler: what the real-code server reads SGLang's metrics and queue from."""
+        return self.schedulers[0]
 
     def _scheduler(self, rank, pair):
         s = sch.prefill_scheduler(self.rt, self.backend, self.prefill_mgrs[rank])
@@ -188,6 +195,13 @@ class Tp2Group:
                 self._pair.barrier.abort()
                 self._start_barrier.abort()
                 return
+            if rank == 0:
+                for fn in self.after_pass:
+                    try:
+                        fn()
+                    except Exception as e:
+                        self.errors.append(e)
+                self.passes += 1
             time.sleep(self.pass_interval)
 
     # The plugin on each rank --------------------------------------------------
