@@ -210,6 +210,41 @@ class _Tp2:
         self.assertEqual(transports.fabric.of_room(queued), [], "a rank wrote the released room's KV")
         self.assertEqual((self.outstanding(0, queued), self.outstanding(1, queued)), (0, 0))
 
+    def test_a_room_done_on_the_leader_and_queued_on_rank_1_is_released(self):
+        """Rank 0 sent its share; rank 1's waits in its worker queue behind a hung chunk, so no rank has it in
+        flight, yet SGLang's MIN holds it on both ranks until rank 1's worker gets to it. The leader must not
+        answer "transfer_succeeded" (nothing would ever release it); released, rank 1 drops the chunk unsent."""
+        if not self.tracking:
+            self.skipTest("this release's KV managers keep no per-room count (_staging_outstanding)")
+        _, wedge = self.wedge_on_rank_1()
+        queued = next(_rooms)
+        reqs = self.group.admit(queued, transports.COMPLETE)
+        rid = reqs[0].rid
+        _until(lambda: self.poll_name(reqs[0]) == "Success", _WAIT_S, "rank 0's share to be sent")
+
+        def published_queued():
+            with open(self.group.publisher.path) as f:
+                return json.load(f).get("queued", {}).get(str(queued), 0) > 0
+
+        _until(published_queued, _WAIT_S, "rank 1 to publish the room's chunk as waiting in its queue")
+        self.assertEqual({t.rank for t in transports.fabric.of_room(queued)}, {0}, "rank 1 sent its share")
+        time.sleep(0.3)
+        self.assertTrue(self.group.queued(0, rid) and self.group.queued(1, rid), "SGLang let the room go")
+        row = next(r for r in self.listing()["inflight"] if r["bootstrap_room"] == queued)
+        self.assertFalse(row["transfer_in_flight"], "a chunk waiting in a queue was reported in flight")
+
+        status, body = self.force_fail(reqs[0])
+        self.assertEqual((status, body.get("result")), (200, "flipped"), body)
+        for rank in (0, 1):
+            _until(lambda: self.group.released(rank, rid) is not None, _WAIT_S, f"rank {rank} to release {rid}")
+            self.assertEqual(type(self.group.released(rank, rid)).__name__, "FINISH_ABORT")
+        transports.fabric.end_hangs([wedge[0].bootstrap_room], transports.COMPLETE)
+        _until(lambda: not any(queue._buf for queue in self.group.prefill_mgrs[1].transfer_queues), _WAIT_S,
+               "rank 1's worker to drain its queue")
+        time.sleep(0.3)  # a worker that dequeued the chunk last has had time to post it
+        self.assertEqual({t.rank for t in transports.fabric.of_room(queued)}, {0},
+                         "rank 1 wrote the released room's KV")
+
     def test_without_counts_no_rank_is_watched(self):
         """Releases whose managers keep no per-room count: the group is never fully watched (fail closed)."""
         if self.tracking:
