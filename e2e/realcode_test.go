@@ -110,7 +110,7 @@ type realCodeServer struct {
 }
 
 // startRealCodeServer starts a prefill server; args are more of the
-// server's flags (--mode decode).
+// server's flags (--mode decode, --attn-tp 2).
 func startRealCodeServer(t *testing.T, src, backend, tokenFile string, args ...string) *realCodeServer {
 	t.Helper()
 	portFile := filepath.Join(t.TempDir(), "ports.json")

@@ -227,7 +227,8 @@ class Monitor:
             self.last_iteration_unix = time.time()
             queue = scheduler.disagg_prefill_inflight_queue
             if self._orders:
-                self._handle_orders(lambda order: apply_order(order, queue, self.capabilities_for))
+                self._handle_orders(lambda order: apply_order(order, queue, self.capabilities_for,
+                                                              self._sent_elsewhere))
             if self.wedges.orders and self.wedges.apply(self.workers, queue, self._facts_now, self.capabilities_for):
                 self._handled_order = True
             self._length_before_pass = len(queue)
@@ -435,6 +436,15 @@ class Monitor:
             return own, {}
         watched, in_flight = self.peers.read()
         return own + watched, in_flight
+
+    def _sent_elsewhere(self, room):
+        """Whether another rank of the group still has a share of this room to send, in flight or waiting in
+        its worker queues (its file, read now).
+
+        A room done on this rank is not done on the group: SGLang's pass MIN-reduces
+        the polls over the group, so its Success branch waits for every rank.
+        """
+        return self.peers is not None and self.peers.sending(room)
 
     def _server_extras(self, peer_view):
         """The listing's server fields of this mode alone, after the shared ones."""

@@ -83,18 +83,19 @@ def screen(order, room, host, holder, no_holder, capabilities_for, where="inflig
     return None, capabilities
 
 
-def apply_order(order, queue, capabilities_for):
+def apply_order(order, queue, capabilities_for, sent_elsewhere=None):
     """Scheduler thread: decides the order against the live inflight queue and applies it.
 
-    ``capabilities_for(sender)`` gives the levers that work for that sender's class.
+    ``capabilities_for(sender)`` gives the levers that work for that sender's class;
+    ``sent_elsewhere(room)`` whether another rank of the TP/CP group still sends the room.
     """
     req = next((r for r in queue if getattr(r, "rid", None) == order.rid), None)
     if req is None:
         return not_found(order.rid)
-    return fail_request(order, req, capabilities_for)
+    return fail_request(order, req, capabilities_for, sent_elsewhere)
 
 
-def fail_request(order, req, capabilities_for):
+def fail_request(order, req, capabilities_for, sent_elsewhere=None):
     """Scheduler thread: applies an order (rid, bootstrap_room, reason, dry_run) to this inflight request.
 
     A wedge order (wedge.py) passes one such order per room it fails.
@@ -109,8 +110,11 @@ def fail_request(order, req, capabilities_for):
     poll = observe(sender, room)[0]
     if poll == FAILED:  # a lever is set, or the status already reads Failed
         result, levers = "already_failed", _levers_set(sender, room, capabilities.levers)
-    elif poll == SUCCESS or _status(sender, room) == SUCCESS:
-        # update_status(room, Failed) would overwrite a Success: leave it to the Success branch.
+    elif (poll == SUCCESS or _status(sender, room) == SUCCESS) and not (sent_elsewhere and sent_elsewhere(room)):
+        # update_status(room, Failed) would overwrite a Success: leave it to the Success branch. Not where
+        # another rank of the group still sends the room: SGLang's pass MIN-reduces the polls over the group,
+        # so its Success branch waits for that rank (for ever on a wedged one), and SGLang's own abort()
+        # overwrites this rank's Success just so.
         return transfer_succeeded(order.rid, room)
     elif order.dry_run:
         result, levers = "would_flip", list(capabilities.levers)

@@ -29,6 +29,8 @@ import tempfile
 import threading
 import time
 
+from .transfer_watch import queued_by_room
+
 logger = logging.getLogger("sglang_watchdog_plugin")
 
 PUBLISH_INTERVAL_S = 0.25
@@ -94,8 +96,13 @@ class Publisher:
 
     def publish(self):
         counts = outstanding(self.manager)
+        queues = getattr(self.manager, "transfer_queues", None)
+        # Chunks still waiting in this rank's worker queues: not in flight (a released room's are dropped
+        # unsent), but the room is not done on this rank, so the group's MIN still holds it (Group.sending).
+        waiting = queued_by_room(queues) if isinstance(queues, list) else {}
         body = {"pid": os.getpid(), "written_unix": time.time(), "tracking": counts is not None,
-                "in_flight": {str(room): n for room, n in (counts or {}).items()}}
+                "in_flight": {str(room): n for room, n in (counts or {}).items()},
+                "queued": {str(room): n for room, n in waiting.items() if isinstance(room, int) and n > 0}}
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(body, f)
@@ -114,8 +121,23 @@ class Group:
 
     def read(self, now_unix=None):
         """(ranks watched among the others, room -> outstanding chunks summed over them)."""
-        now_unix = time.time() if now_unix is None else now_unix
         watched, in_flight = 0, {}
+        for body, rooms in self._fresh(now_unix):
+            watched += 1
+            for room, n in rooms.items():
+                in_flight[room] = in_flight.get(room, 0) + n
+        return watched, in_flight
+
+    def sending(self, room, now_unix=None):
+        """Whether another rank still has a chunk of the room outstanding or waiting in its worker queues."""
+        for body, rooms in self._fresh(now_unix):
+            if rooms.get(room, 0) > 0 or (_rooms(body.get("queued")) or {}).get(room, 0) > 0:
+                return True
+        return False
+
+    def _fresh(self, now_unix):
+        """(file body, its in_flight rooms) of every other rank whose fresh file says its manager counts."""
+        now_unix = time.time() if now_unix is None else now_unix
         for tp, cp in self.others:
             body = _read(_file(self.folder, tp, cp))
             if body is None or body.get("tracking") is not True:
@@ -124,12 +146,8 @@ class Group:
             if not isinstance(written, (int, float)) or not (0 <= now_unix - written <= FRESH_S):
                 continue
             rooms = _rooms(body.get("in_flight"))
-            if rooms is None:
-                continue
-            watched += 1
-            for room, n in rooms.items():
-                in_flight[room] = in_flight.get(room, 0) + n
-        return watched, in_flight
+            if rooms is not None:
+                yield body, rooms
 
 
 def _rooms(value):

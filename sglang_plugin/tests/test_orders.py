@@ -80,6 +80,19 @@ class ApplyOrderTest(unittest.TestCase):
             self.assertEqual(self.mgr.request_status[sender.bootstrap_room], KVPoll.Success)
             self.assertNotIn(sender.bootstrap_room, self.mgr.failure_records)
 
+    def test_success_here_is_failed_while_another_rank_still_sends(self):
+        """TP/CP group: this rank's Success is not the group's (SGLang MIN-reduces the polls), so a room another
+        rank still sends is failed as SGLang's abort() fails it; a room no other rank sends is still refused."""
+        sender = standins.MooncakeKVSender(self.mgr, 11, status=KVPoll.Success)
+        req = [standins.Req("t", 11, sender)]
+        refused = orders.apply_order(order("t", 11), req, levers_of, lambda room: False)
+        self.assertEqual((refused.status, refused.body["result"]), (409, "transfer_succeeded"))
+        asked = []
+        outcome = orders.apply_order(order("t", 11), req, levers_of, lambda room: asked.append(room) or True)
+        self.assertEqual((outcome.status, outcome.body["result"]), (200, "flipped"), outcome.body)
+        self.assertEqual(asked, [11])
+        self.assertEqual(sender.poll(), KVPoll.Failed)
+
     def test_health_checks_and_warm_ups_are_refused(self):
         fake = standins.FakeKVSender(standins.FakeKVManager())
         for req in (standins.Req("HEALTH_CHECK_1.0", 0, fake, host=standins.FAKE_BOOTSTRAP_HOST, port=None),

@@ -8,6 +8,7 @@ outstanding, and the listing may say "not in flight" only for ranks it read.
 import json
 import tempfile
 import time
+import types
 import unittest
 from unittest import mock
 
@@ -38,6 +39,18 @@ class PeerFilesTest(unittest.TestCase):
         self.publish(1, {7: 1, 8: 0})
         self.publish(2, {7: 2, 9: 1})
         self.assertEqual(peers.Group(self.folder, self.leader).read(), (2, {7: 3, 9: 1}))
+
+    def test_a_room_waiting_in_a_worker_queue_is_sent_but_not_in_flight(self):
+        """Queued chunks hold the room on that rank (sending) but are not in flight: a released room's are
+        dropped unsent, so they must not keep decode from freeing its pages."""
+        manager = standins.NewestNixlKVManager()
+        manager.transfer_queues = [types.SimpleNamespace(_buf=[types.SimpleNamespace(room=11)])]
+        ident = identify(_group_scheduler(1, attn_tp_size=3))
+        peers.Publisher(self.folder, ident, manager).publish()
+        group = peers.Group(self.folder, self.leader)
+        self.assertEqual(group.read(), (1, {}))
+        self.assertTrue(group.sending(11))
+        self.assertFalse(group.sending(12))
 
     def test_missing_stale_untracked_or_corrupt_ranks_are_not_watched(self):
         group = peers.Group(self.folder, self.leader)

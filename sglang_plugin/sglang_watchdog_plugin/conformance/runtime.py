@@ -63,6 +63,7 @@ class Runtime:
         self.server_args = self._server_args()
         self._process_state()
         self._bootstrap_servers = {}
+        self._extra_bootstrap_servers = []
 
     def pass_needs_requests(self):
         """Whether this release's event loop calls the inflight pass only with requests queued.
@@ -185,18 +186,33 @@ class Runtime:
             setattr(args, key, value)
         return args
 
-    def manager(self, backend, mode):
+    def manager(self, backend, mode, attn_tp=(0, 1), server_args=None):
+        """SGLang's KV manager of this backend and mode.
+
+        ``attn_tp=(rank, size)`` builds the manager of that rank of an attention
+        TP group (its engine rank too, as the schedulers set it), with the ranks
+        in place while SGLang reads them; ``server_args`` names another bootstrap
+        server (a group of another size registers with one of its own).
+        """
         conn = self.conns[backend]
         Manager = _class_named(conn, f"{backend}kvmanager")
-        self.bootstrap_server(backend)
+        if server_args is None:
+            self.bootstrap_server(backend)
+            server_args = self._server_args_for(backend)
         mode = self.Mode.PREFILL if mode == "prefill" else self.Mode.DECODE
         if backend == "mooncake":
             self._shared_mooncake_engine()
+        kv_args = self.kv_args(backend, mode)
+        kv_args.engine_rank = attn_tp[0]
         # is_mla_backend on Mooncake: its MHA layout splits the pool's buffers into K and V halves, which
         # leaves the one-buffer pool here no layer to send, so its KV would never reach the transport;
         # the MLA layout sends that buffer as the one layer it is. NIXL sends it either way.
-        args = [self.kv_args(backend, mode), mode, self._server_args_for(backend), backend == "mooncake"]
+        args = [kv_args, mode, server_args, backend == "mooncake"]
         args = args[: len(inspect.signature(Manager).parameters)]
+        with self.attn_tp(*attn_tp):
+            return self._build(Manager, args)
+
+    def _build(self, Manager, args):
         try:
             return Manager(*args)
         except ValueError as e:
@@ -210,6 +226,54 @@ class Runtime:
                 return Manager(*args)
             finally:
                 os.cpu_count = real
+
+    def attn_tp(self, rank, size):
+        """A context in which SGLang reads this attention TP rank and size, where the release keeps them.
+
+        The newest releases read them from runtime_context's parallel state,
+        older ones from dp_attention's globals; both are set (where they
+        exist) and put back on exit. The process runs one rank of each group:
+        only what SGLang reads while building a manager is changed.
+        """
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        context = self._runtime_context()
+        if context is not None and hasattr(context, "get_parallel"):
+            values = {k: v for k, v in dict(attn_tp_rank=rank, attn_tp_size=size, tp_rank=rank, tp_size=size).items()
+                      if k in getattr(context, "_PARALLEL_FIELDS", ())}
+            stack.enter_context(context.get_parallel().override(**values))
+        dp_attention = loader.load("sglang.srt.layers.dp_attention")[0]
+        saved = {}
+        for name, value in (("_ATTN_TP_RANK", rank), ("_ATTN_TP_SIZE", size)):
+            if hasattr(dp_attention, name):
+                saved[name] = getattr(dp_attention, name)
+                setattr(dp_attention, name, value)
+        stack.callback(lambda: [setattr(dp_attention, k, v) for k, v in saved.items()])
+        # Releases in between read them from parallel_state's attention TP group (world_size, rank_in_group):
+        # the stand-in group _process_state put there, as that rank sees it.
+        parallel_state = loader.load("sglang.srt.distributed.parallel_state")[0]
+        group = getattr(parallel_state, "_ATTN_TP", None)
+        if isinstance(group, types.SimpleNamespace):
+            parallel_state._ATTN_TP = types.SimpleNamespace(**{**vars(group), "world_size": size, "rank_in_group": rank})
+            stack.callback(lambda: setattr(parallel_state, "_ATTN_TP", group))
+        return stack
+
+    def own_bootstrap_server(self, backend, tp_size):
+        """A bootstrap server of this backend for one more prefill server (a group of ``tp_size`` ranks),
+        and the server args that name it: SGLang's server takes its attention TP size from its first
+        registration, so a TP2 group cannot share the TP1 benches' server."""
+        Server = _class_named(self.conns[backend], f"{backend}kvbootstrapserver")
+        kwargs = {"host": "127.0.0.1"} if "host" in inspect.signature(Server).parameters else {}
+        port = free_port()
+        server = Server(port=port, **kwargs)
+        _wait_listening(port)
+        args = copy.copy(self.server_args)
+        object.__setattr__(args, "disaggregation_bootstrap_port", port)
+        if hasattr(args, "tp_size"):
+            object.__setattr__(args, "tp_size", tp_size)
+        self._extra_bootstrap_servers.append(server)  # kept referenced, as the per-backend ones
+        return server, port, args
 
     def _server_args_for(self, backend):
         """The server args with this backend's bootstrap port: each backend has its own bootstrap server here."""

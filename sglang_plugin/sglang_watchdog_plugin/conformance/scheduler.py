@@ -64,9 +64,11 @@ class Metrics:
 class Link:
     """One request's prefill sender and decode receiver, handshaken through SGLang's bootstrap server."""
 
-    def __init__(self, rt, backend, room, prefill_mgr, decode_mgr, slot, pages=4):
+    def __init__(self, rt, backend, room, prefill_mgr, decode_mgr, slot, pages=4, bootstrap_port=None, rank=None):
+        """``bootstrap_port``: another bootstrap server than the backend's; ``rank``: the prefill rank of a TP
+        group this link is the share of (its decode memory is tagged with it, so a plan can target it)."""
         conn = rt.conns[backend]
-        addr = f"127.0.0.1:{rt.bootstrap_server(backend)[1]}"
+        addr = f"127.0.0.1:{bootstrap_port or rt.bootstrap_server(backend)[1]}"
         Sender = runtime_module._class_named(conn, f"{backend}kvsender")
         Receiver = runtime_module._class_named(conn, f"{backend}kvreceiver")
         self.rt, self.room, self.pages = rt, room, pages
@@ -80,9 +82,9 @@ class Link:
         self.aux_index = slot
         args = decode_mgr.kv_args
         item = args.kv_item_lens[0]
-        transports.fabric.claim(room, args.kv_data_ptrs[0] + slot * pages * item, pages * item)
+        transports.fabric.claim(room, args.kv_data_ptrs[0] + slot * pages * item, pages * item, rank=rank)
         transports.fabric.claim(room, args.aux_data_ptrs[0] + slot * args.aux_item_lens[0], args.aux_item_lens[0],
-                                aux=True)
+                                aux=True, rank=rank)
 
     def bootstrap(self, timeout=10.0):
         """What decode's prealloc does: fetch the prefill's layout, then send the destination pages."""

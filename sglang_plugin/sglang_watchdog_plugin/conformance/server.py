@@ -51,6 +51,16 @@ queues' rids as ``queued`` and the requests SGLang's decode pass let go as
 ``released``. It serves no ``/metrics`` (404): SGLang's prefill queue gauges
 have no decode counterpart the watchdog reads.
 
+With ``--attn-tp 2`` the server is a TP2 prefill group instead (tp2.py: two
+real prefill managers and their schedulers, the plugin's leader on rank 0,
+its publisher on rank 1, a TP2 decode): ``/scenario/admit`` takes
+``"rank_behaviour": {"1": "hang"}`` for one rank's share of the room (over
+``behaviour``; one chunk, no ``abort``), ``/scenario/state`` reports rank 0
+and, under ``"ranks"``, each rank's queue, releases and outstanding chunks
+per room (its manager's ``_staging_outstanding``), and
+``POST /scenario/stop_publishing`` stops rank 1's publisher, as a wedged or
+dead non-leader process would.
+
 Once both listeners are up, the JSON port file is written (atomically):
 ``{"plugin": port, "metrics": port, "collector": "...", "sglang_version": "...",
 "backend": "...", "pid": ...}``. Loopback only. Ends on SIGTERM, SIGINT or
@@ -69,7 +79,7 @@ import sys
 import threading
 
 from . import bench as bench_module
-from . import decode_bench, loader, runtime, transports
+from . import decode_bench, loader, runtime, tp2, transports
 from . import scheduler as sch
 
 logger = logging.getLogger("sglang_watchdog_plugin.conformance.server")
@@ -249,14 +259,16 @@ def _version(dist):
 
 
 class Server:
-    def __init__(self, rt, backend, pass_interval, mode="prefill"):
+    def __init__(self, rt, backend, pass_interval, mode="prefill", attn_tp=1):
         self.rt = rt
         self.mode = mode
         self.metrics = None
+        self.group = None
         if mode == "decode":
             self.bench = decode_bench.DecodeBench(rt, backend, pass_interval=pass_interval)
         else:
-            self.bench = bench_module.Bench(rt, backend, pass_interval=pass_interval)
+            self.group = tp2.Tp2Group(rt, backend, pass_interval=pass_interval) if attn_tp == 2 else None
+            self.bench = self.group or bench_module.Bench(rt, backend, pass_interval=pass_interval)
             self.metrics = Metrics(rt, self.bench.scheduler)
             self.bench.after_pass.append(self.metrics.observe)
         self.admit_lock = threading.Lock()  # one admission at a time, as one scheduler thread admits
@@ -272,6 +284,8 @@ class Server:
         chunks = body.get("chunks", 1)
         if not isinstance(chunks, int) or isinstance(chunks, bool) or not 1 <= chunks <= 4:
             raise ValueError("chunks must be an integer from 1 to 4 (a request has 4 KV pages)")
+        if self.group is not None:
+            return self._admit_group(room, behaviour, rid, body)
         with self.admit_lock:
             req = self.bench.admit(room, behaviour, chunks=chunks, rid=rid)
         logger.info("admitted %s (room %d, %s, %d chunks)", req.rid, room, body.get("behaviour", "complete"), chunks)
@@ -279,6 +293,27 @@ class Server:
             return {"rid": req.rid, "bootstrap_room": req.bootstrap_room, "queue": self.bench.queue_of(req.rid)}
         return {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
                 "transfer_queue": self.bench.transfer_queue_of(room)}
+
+    def _admit_group(self, room, behaviour, rid, body):
+        per_rank = body.get("rank_behaviour") or {}
+        if not isinstance(per_rank, dict):
+            raise ValueError("rank_behaviour must be an object: rank -> behaviour")
+        plans = {}
+        for rank, text in per_rank.items():
+            if not str(rank).isdigit() or int(rank) >= self.group.size:
+                raise ValueError(f"rank_behaviour: no rank {rank} in a group of {self.group.size}")
+            plans[int(rank)] = parse_behaviour(text)
+        with self.admit_lock:
+            reqs = self.group.admit(room, behaviour, per_rank=plans, rid=rid)
+        logger.info("admitted %s on %d ranks (room %d, %s, per rank %s)", reqs[0].rid, len(reqs), room,
+                    body.get("behaviour", "complete"), per_rank)
+        return {"rid": reqs[0].rid, "bootstrap_room": room, "transfer_queue": None}
+
+    def stop_publishing(self, body):
+        if self.group is None:
+            raise ValueError("not a TP group (--attn-tp 2)")
+        self.group.publisher.stop()
+        return {"stopped": self.group.publisher.path}
 
     def link(self, body):
         seconds = body.get("seconds_per_page")
@@ -301,6 +336,8 @@ class Server:
         return {"room": room, "outcome": outcome}
 
     def abort(self, body):
+        if self.group is not None:
+            raise ValueError("a client's abort is not played on a TP group here")
         rid = body.get("rid")
         if not isinstance(rid, str) or not rid:
             raise ValueError("rid must be a non-empty string")
@@ -322,6 +359,8 @@ class Server:
             "released": released,
             "collector": self.metrics.source if self.metrics is not None else None,
             "notes": self.metrics.notes if self.metrics is not None else [],
+            "ranks": None if self.group is None else [_rank_state(s, m) for s, m in zip(
+                self.group.schedulers, self.group.prefill_mgrs)],
         }
 
     def handler(self):
@@ -355,7 +394,8 @@ class Server:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(min(length, 65536))
                 action = {"/scenario/admit": server.admit, "/scenario/link": server.link,
-                          "/scenario/end_hang": server.end_hang, "/scenario/abort": server.abort}.get(self.path.split("?", 1)[0])
+                          "/scenario/end_hang": server.end_hang, "/scenario/abort": server.abort,
+                          "/scenario/stop_publishing": server.stop_publishing}.get(self.path.split("?", 1)[0])
                 if action is None:
                     self._send(404, {"error": "not found"})
                     return
@@ -371,6 +411,16 @@ class Server:
                     self._send(500, {"error": repr(e)})
 
         return Handler
+
+
+def _rank_state(scheduler, manager):
+    counts = getattr(manager, "_staging_outstanding", None)
+    return {
+        "queued": [r.rid for r in list(scheduler.disagg_prefill_inflight_queue)],
+        "released": [{"rid": r.rid, "finished_reason": type(r.finished_reason).__name__}
+                     for r in list(scheduler.streamed)],
+        "outstanding": None if counts is None else {str(room): n for room, n in list(counts.items()) if n > 0},
+    }
 
 
 def _write_port_file(path, content):
@@ -391,6 +441,8 @@ def main(argv=None):
     parser.add_argument("--exit-on-stdin-close", action="store_true")
     parser.add_argument("--mode", choices=("prefill", "decode"), default="prefill",
                         help="which of SGLang's PD schedulers to run (default prefill)")
+    parser.add_argument("--attn-tp", type=int, choices=(1, 2), default=1,
+                        help="2: a TP2 prefill group, both ranks in this process (tp2.py); prefill only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -399,7 +451,9 @@ def main(argv=None):
     os.environ["SGLANG_WATCHDOG_PLUGIN_HOST"] = "127.0.0.1"
 
     rt = runtime.Runtime()
-    server = Server(rt, args.backend, args.pass_interval, args.mode)
+    if args.mode == "decode" and args.attn_tp != 1:
+        parser.error("--attn-tp 2 is a prefill group: not with --mode decode")
+    server = Server(rt, args.backend, args.pass_interval, args.mode, attn_tp=args.attn_tp)
     source = server.metrics.source if server.metrics is not None else "none (decode)"
     notes = server.metrics.notes if server.metrics is not None else []
     print(f"real-code server: SGLang {rt.version}, {args.mode}, backend {args.backend}, metrics from {source}",

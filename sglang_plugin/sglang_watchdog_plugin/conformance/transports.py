@@ -13,6 +13,15 @@ decides per room what a transfer does:
 * a list of those: one per KV chunk of the room, in the order its worker
   posts them (the last one repeats).
 
+A plan may target one prefill rank's transfers of the room only
+(``plan(room, behaviour, rank=1)``): in a TP group every rank sends its own
+share of the room into its own decode peer, and a wedge on one of them is
+what the leader cannot see by itself. A transfer's rank is the one its
+destination was tagged with (``claim(..., rank=)`` for Mooncake, which writes
+to decode addresses; ``tag_agent(name, rank)`` for NIXL, whose transfers name
+the decode agent they write to); untagged transfers have rank None and
+follow the room's plan.
+
 The room's metadata (aux) transfer completes at once once its KV was
 posted; a room with no KV transfer (an aux-only chunk) follows the plan.
 
@@ -51,8 +60,9 @@ def fail_after(seconds):
 class Transfer:
     """One transfer the fabric was asked for."""
 
-    def __init__(self, room, notif, behaviour, link_seconds=0.0):
+    def __init__(self, room, notif, behaviour, link_seconds=0.0, rank=None):
         self.room = room
+        self.rank = rank  # the prefill rank whose share this is, where its destination was tagged
         self.notif = notif
         self.behaviour = behaviour
         self.link_seconds = link_seconds  # the page count times the link's seconds per page
@@ -78,6 +88,8 @@ class Fabric:
     def __init__(self):
         self.lock = threading.Lock()
         self.plans = {}
+        self.rank_plans = {}  # (room, rank) -> behaviour: one rank's share of a room, over the room's plan
+        self.agent_ranks = {}  # NIXL decode agent name -> the rank whose share is written to it
         self.default = COMPLETE
         self.transfers = []
         self.closed = threading.Event()
@@ -88,9 +100,18 @@ class Fabric:
         self.speeds = {}  # transfer queue (None: every queue) -> seconds per KV page
         self.queue_of = lambda room: None  # set by the bench: the transfer queue a room's chunks go to
 
-    def plan(self, room, behaviour):
+    def plan(self, room, behaviour, rank=None):
+        """What the room's transfers do; with ``rank``, only the transfers of that rank's share."""
         with self.lock:
-            self.plans[int(room)] = behaviour
+            if rank is None:
+                self.plans[int(room)] = behaviour
+            else:
+                self.rank_plans[(int(room), int(rank))] = behaviour
+
+    def tag_agent(self, name, rank):
+        """NIXL: transfers into this (decode) agent are the share of that rank."""
+        with self.lock:
+            self.agent_ranks[name] = int(rank)
 
     def chunk_pages(self, room, pages):
         with self.lock:
@@ -104,36 +125,44 @@ class Fabric:
             else:
                 self.speeds[int(queue)] = float(seconds_per_page)
 
-    def claim(self, room, start, length, aux=False):
-        """Decode memory that belongs to a room: a transfer writing there is that room's."""
+    def claim(self, room, start, length, aux=False, rank=None):
+        """Decode memory that belongs to a room (and to one rank's share of it): a transfer writing there is theirs."""
         with self.lock:
-            self.ranges.append((start, start + length, int(room), aux))
+            self.ranges.append((start, start + length, int(room), aux, rank))
 
     def room_at(self, address):
         """(room, whether it is the room's metadata slot) of a decode address, or (None, False)."""
-        with self.lock:
-            for start, end, room, aux in reversed(self.ranges):
-                if start <= address < end:
-                    return room, aux
-        return None, False
+        return self.owner_at(address)[:2]
 
-    def start(self, room, notif=None, aux=False):
+    def owner_at(self, address):
+        """(room, metadata slot?, rank) of a decode address, or (None, False, None)."""
+        with self.lock:
+            for start, end, room, aux, rank in reversed(self.ranges):
+                if start <= address < end:
+                    return room, aux, rank
+        return None, False, None
+
+    def start(self, room, notif=None, aux=False, rank=None, agent=None):
         queue = self.queue_of(room) if room is not None else None
         with self.lock:
-            behaviour, link_seconds = self.plans.get(room, self.default), 0.0
+            if rank is None and agent is not None:
+                rank = self.agent_ranks.get(agent)
+            behaviour, link_seconds = self.rank_plans.get((room, rank), self.plans.get(room, self.default)), 0.0
             if not aux:
-                index = self.posted.get(room, 0)
-                self.posted[room] = index + 1
+                # Chunks are counted per rank: each rank's worker posts its own share of every chunk.
+                key = room if rank is None else (room, rank)
+                index = self.posted.get(key, 0)
+                self.posted[key] = index + 1
                 pages = self.pages.get(room, ())
                 speed = self.speeds.get(queue, self.speeds.get(None, 0.0))
                 link_seconds = speed * (pages[min(index, len(pages) - 1)] if pages else 0)
                 if isinstance(behaviour, list):
                     behaviour = behaviour[min(index, len(behaviour) - 1)]
-            elif isinstance(behaviour, list) or self.posted.get(room):
+            elif isinstance(behaviour, list) or self.posted.get(room if rank is None else (room, rank)):
                 # A chunk's time is its KV's: Mooncake posts the aux after the KV on the same worker, which
                 # would count a slow plan twice. Only an aux-only transfer (no KV posted) follows the plan.
                 behaviour = COMPLETE
-            transfer = Transfer(room, notif, behaviour, link_seconds)
+            transfer = Transfer(room, notif, behaviour, link_seconds, rank)
             self.transfers.append(transfer)
             return transfer
 
@@ -162,6 +191,9 @@ class Fabric:
             for room in rooms:
                 if self.plans.get(room) == HANG:
                     self.plans[room] = behaviour  # the room's transfers still to come (its aux) too
+            for key, plan in self.rank_plans.items():
+                if key[0] in rooms and plan == HANG:
+                    self.rank_plans[key] = behaviour
             for transfer in self.transfers:
                 if transfer.room in rooms and transfer.behaviour == HANG:
                     transfer.behaviour = behaviour
@@ -251,7 +283,7 @@ class NixlAgent:
 
     def _xfer(self, remote, notif):
         aux = notif is not None and b"_aux" in (notif.encode() if isinstance(notif, str) else bytes(notif))
-        return _Handle(fabric.start(_room_of(notif), notif, aux), remote)
+        return _Handle(fabric.start(_room_of(notif), notif, aux, agent=remote), remote)
 
     def initialize_xfer(self, op, local, remote_descs, remote_agent, notif=b"", *args, **kwargs):
         return self._xfer(remote_agent, notif)
@@ -344,8 +376,8 @@ class MooncakeEngine:
 
     def _sync(self, address):
         try:
-            room, aux = fabric.room_at(address)
-            transfer = fabric.start(room, aux=aux)
+            room, aux, rank = fabric.owner_at(address)
+            transfer = fabric.start(room, aux=aux, rank=rank)
         except Exception:
             # SGLang's engine wrapper takes any exception for a failed transfer (-1) and says nothing: a fault
             # of this fake must not pass for the room's plan.
