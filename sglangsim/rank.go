@@ -1437,13 +1437,15 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 }
 
 // sentElsewhere tells whether a non-leader rank the plugin watches still
-// has a chunk of q outstanding. The plugin then pulls the levers on a room
-// its leader finished: the scheduler acts on the MIN poll over the group,
-// so its Success branch waits for that rank (for ever on a hung one), and
-// SGLang's abort() overwrites the leader's Success.
+// has a chunk of q outstanding or waiting in its worker queue (the plugin
+// reads both from the rank's published file). The plugin then pulls the
+// levers on a room its leader finished: the scheduler acts on the MIN poll
+// over the group, so its Success branch waits for that rank (for ever on a
+// hung one, or behind one), and SGLang's abort() overwrites the leader's
+// Success.
 func (r *rank) sentElsewhere(s *Sim, q *request) bool {
 	for _, peer := range q.tp[r.pp][1 : 1+len(r.watchedPeers(s))] {
-		if peer.outstanding > 0 {
+		if peer.outstanding > 0 || peer.chunksQueued() > 0 {
 			return true
 		}
 	}
