@@ -662,17 +662,16 @@ func (w *Watchdog) confirm(now time.Time) []Event {
 	kept := w.pending[:0]
 	for _, p := range w.pending {
 		gone := p.gone()
-		rose, rise := true, 0.0
+		rose := true
 		if w.metrics != nil {
 			v, ok := w.metrics.counter(p.family)
-			rise = v - max(p.baseline, w.claimed[p.family])
-			rose = ok && w.metrics.status.up && rise >= 1
+			rose = ok && w.metrics.status.up && v-max(p.baseline, w.claimed[p.family]) >= 1
 		}
 		ev := Event{Role: p.key.role, Target: p.rank.status.target, DPRank: p.rank.dpLabel, PPRank: p.rank.ppLabel, RID: p.key.rid, Room: p.key.room, Age: p.age, Poll: p.poll, Trigger: p.trigger}
 		switch {
 		case gone && rose:
 			if w.metrics != nil {
-				w.claimed[p.family] = max(p.baseline, w.claimed[p.family]) + p.units(rise)
+				w.claimed[p.family] = max(p.baseline, w.claimed[p.family]) + 1
 			}
 			w.forceFails[[3]string{ResultReleased, p.trigger, p.key.role}]++
 			ev.Kind, ev.Result = EventReleased, ResultReleased

@@ -285,20 +285,6 @@ type pending struct {
 	poll     string
 }
 
-// units is how much of a counter rise of rise confirming the release
-// belongs to it. Under PP decode every stage's Failed branch counts the
-// request under its own pp_rank label (DecodeTransferQueue.pop_transferred,
-// disaggregation/decode.py, SGLang v0.5.10 to v0.5.18, reached from each
-// stage's process_decode_transfer_queue), so one release raises the sum by
-// up to its number of stages; leaving the rest to other pending releases
-// would confirm them on this one's rise.
-func (p *pending) units(rise float64) float64 {
-	if p.key.role != RoleDecode {
-		return 1
-	}
-	return max(1, min(rise, float64(len(p.stages))))
-}
-
 // gone tells whether the request has left every stage it was set on.
 func (p *pending) gone() bool {
 	for _, rk := range p.stages {
