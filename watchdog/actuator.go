@@ -59,6 +59,8 @@ type candidate struct {
 	// blocked names a stage of the DP rank that is down or whose loop is
 	// wedged: the request cannot be failed on every stage now.
 	blocked string
+	// ppSize is the most PP stages a listing of the DP rank reports.
+	ppSize int
 }
 
 // budget is a rate limit of its own: each counts its requests over any
@@ -126,7 +128,7 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		}
 	}
 	for i := range out {
-		out[i].stages, out[i].blocked = w.stages(out[i].key)
+		out[i].stages, out[i].blocked, out[i].ppSize = w.stages(out[i].key)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := out[i], out[j]
@@ -163,13 +165,15 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 	return out
 }
 
-// stages lists the PP stages of the request's DP rank that hold it, and
-// names a stage that cannot be acted on now. Caller holds w.mu.
-func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
+// stages lists the PP stages of the request's DP rank that hold it, names
+// a stage that cannot be acted on now, and gives the PP size the rank's
+// listings report. Caller holds w.mu.
+func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string, ppSize int) {
 	for _, rk := range w.ranks {
 		if !rk.listed || rk.role != k.role || rk.dpLabel != k.dp {
 			continue
 		}
+		ppSize = max(ppSize, rk.server.PPSize)
 		if !rk.status.up || rk.wedged {
 			blocked = rk.status.target
 			continue
@@ -179,7 +183,7 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string) {
 				tracked: rk.server.SeesEveryWriter(), dqueue: r.dqueue, started: r.started, age: r.age, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
-	return views, blocked
+	return views, blocked, ppSize
 }
 
 // request returns the bookkeeping of a request, creating it. Caller holds
@@ -307,6 +311,9 @@ func (w *Watchdog) admit(c candidate, trigger string, asAuto bool) (Mode, []Even
 			return mode, w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+s.leverNote), false
 		}
 	}
+	if missing := missingDecodeStages(c); missing != "" {
+		return mode, w.skip(c, SkipSourceDown, trigger, missing), false
+	}
 	// A request over its budget costs nothing: no verdict lookup, no
 	// re-read. This matters on decode, where a flood of stranded requests
 	// may all be candidates in one cycle.
@@ -314,6 +321,27 @@ func (w *Watchdog) admit(c candidate, trigger string, asAuto bool) (Mode, []Even
 		return mode, w.skip(c, SkipRateLimited, trigger, w.limitDetail(c.budget())), false
 	}
 	return mode, nil, true
+}
+
+// missingDecodeStages names what keeps a decode request from being
+// released on every PP stage of its DP rank, or "". SGLang's PP decode loop
+// lets a transfer-queue request go only once every stage's poll is Success
+// or Failed, and then each stage takes its own branch
+// (SchedulerPPMixin._pp_pd_get_decode_transferred_ids and
+// process_decode_transfer_queue, managers/scheduler_pp_mixin.py, v0.5.10
+// to v0.5.18): released on some stages only, it stays queued on all, and
+// once the others finish, they decode a request whose pages the released
+// stages freed. So a decode release goes to every stage or to none.
+func missingDecodeStages(c candidate) string {
+	if c.key.role != RoleDecode || len(c.stages) >= c.ppSize {
+		return ""
+	}
+	held := make([]string, len(c.stages))
+	for i, s := range c.stages {
+		held[i] = fmt.Sprintf("pp%d", s.rank.ppLabel)
+	}
+	return fmt.Sprintf("the DP rank has %d PP stages and only [%s] are watched and list the request: a decode request is released on every stage or on none",
+		c.ppSize, strings.Join(held, " "))
 }
 
 // reread reads every stage again: the request must be there, unchanged,
@@ -334,6 +362,10 @@ func (w *Watchdog) reread(ctx context.Context, c candidate, trigger string) (tar
 		}
 		now := findEntry(l, c.key.roomKey)
 		if now == nil {
+			if c.key.role == RoleDecode {
+				// Called on the others alone, it would be released on some stages only.
+				return nil, nil, w.skip(c, SkipProgressed, trigger, s.rank.status.target+": the request left this stage's listing since the decision")
+			}
 			continue
 		}
 		if now.poll != s.poll || now.progress != s.progress || now.health || now.waitingMemory || l.Loop.Iterations < s.iterations ||

@@ -3,8 +3,10 @@
 sglang_watchdog_plugin.pth imports this module at every interpreter start,
 including SGLang's spawned scheduler processes. All it does there is put a
 finder on sys.meta_path that ignores every module except
-``sglang.srt.disaggregation.prefill`` and ``sglang.srt.disaggregation.decode``;
-once one of them has executed, the hook is installed on its mixin. Processes that never import SGLang are left
+``sglang.srt.disaggregation.prefill``, ``sglang.srt.disaggregation.decode``
+and ``sglang.srt.managers.scheduler_pp_mixin``; once one of them has
+executed, the hooks are installed on its mixin (on the PP mixin, only the
+PP decode passes it has: releases before v0.5.10 have no PP decode loop). Processes that never import SGLang are left
 alone, and no failure here may break interpreter start or SGLang.
 
 Where SGLang's plugin framework exists and this package's entry point is
@@ -14,10 +16,13 @@ so the method is never wrapped twice.
 
 import sys
 
-# Module -> (mixin class, hooked method).
+# Module -> (mixin class, hooked methods, whether each must exist).
 _TARGETS = {
-    "sglang.srt.disaggregation.prefill": ("SchedulerDisaggregationPrefillMixin", "process_disagg_prefill_inflight_queue"),
-    "sglang.srt.disaggregation.decode": ("SchedulerDisaggregationDecodeMixin", "process_decode_queue"),
+    "sglang.srt.disaggregation.prefill": ("SchedulerDisaggregationPrefillMixin",
+                                          ("process_disagg_prefill_inflight_queue",), True),
+    "sglang.srt.disaggregation.decode": ("SchedulerDisaggregationDecodeMixin", ("process_decode_queue",), True),
+    "sglang.srt.managers.scheduler_pp_mixin": ("SchedulerPPMixin",
+                                               ("process_prealloc_queue", "process_decode_transfer_queue"), False),
 }
 
 
@@ -63,8 +68,11 @@ class _HookingLoader:
             if not _plugin_framework_loads_us():
                 from .hook import install
 
-                mixin, method = _TARGETS[module.__name__]
-                install(getattr(module, mixin), method)
+                mixin, methods, required = _TARGETS[module.__name__]
+                cls = getattr(module, mixin)
+                for method in methods:
+                    if required or hasattr(cls, method):
+                        install(cls, method)
         except Exception:
             import logging
 

@@ -432,10 +432,11 @@ def request_room(req):
 # -- orders -----------------------------------------------------------------
 
 
-def apply_order(order, scheduler, capabilities_for, note_deferred):
+def apply_order(order, scheduler, capabilities_for, note_deferred, pp_stages=1):
     """Scheduler thread: decides a decode order against the live queues and pulls the lever.
 
     ``note_deferred(decode_req)`` remembers a room registered as a deferred abort.
+    ``pp_stages``: the PP size of this decode scheduler's group.
     """
     found = next(((queue, d) for queue, d in queued(scheduler)
                   if getattr(getattr(d, "req", None), "rid", None) == order.rid), None)
@@ -454,7 +455,14 @@ def apply_order(order, scheduler, capabilities_for, note_deferred):
         if problem:
             return unsupported(order.rid, problem)
     view = observe_receiver(receiver, room)
-    if view.poll == SUCCESS:
+    # Under PP a transfer-queue request leaves only once every stage's poll is
+    # Success or Failed, and then each stage takes its own branch
+    # (SchedulerPPMixin._pp_pd_get_decode_transferred_ids and
+    # process_decode_transfer_queue, managers/scheduler_pp_mixin.py, v0.5.10
+    # to v0.5.18): a stage left at Success would decode a request the others
+    # failed. So there a Success receiver is aborted like a started one, as
+    # SGLang's own abort_request does on every stage.
+    if view.poll == SUCCESS and not (pp_stages > 1 and queue == TRANSFER):
         return transfer_succeeded(order.rid, room)
     failed = view.poll == FAILED
     # In the prealloc queue no metadata was sent: prefill has no page to write to.

@@ -1,12 +1,15 @@
 """Per-scheduler state of a decode scheduler: loop counter, the two decode queues, pending orders.
 
 The threading model is the prefill Monitor's (monitor.py): only the
-scheduler thread, inside the hooked ``process_decode_queue``, reads SGLang
-objects or changes them; it publishes a DecodeSnapshot by swapping one
-attribute, which the HTTP threads read.
+scheduler thread, inside the hooked ``process_decode_queue`` (under SGLang's
+PP decode loop: the pass made of ``process_prealloc_queue`` and
+``process_decode_transfer_queue``, hook.py), reads SGLang objects or changes
+them; it publishes a DecodeSnapshot by swapping one attribute, which the
+HTTP threads read.
 
 Cost model, per pass: a counter bump and two length checks when nothing
-changed. Between passes SGLang only appends to the prealloc queue; inside
+changed. Between passes SGLang only appends to the prealloc queue (the PP
+loop's stage consensus between its passes only polls receivers); inside
 the pass requests only leave the prealloc queue (for the transfer queue, or
 failed) and leave the transfer queue. So while both lengths are unchanged,
 so is the membership (the pass rebuilds both lists every polling pass, so
@@ -71,6 +74,9 @@ class DecodeMonitor(Monitor):
         self._known_transfer = 0
         self._last_prealloc = None  # the prealloc list at the last publication
         self._total_before_pass = 0
+        # The hooked pass that is open now (hook.py), so that a loop running both
+        # process_decode_queue and the PP passes counts one pass, not two.
+        self.pass_owner = None
 
     def configure(self, scheduler, pass_fn):
         """Scheduler thread, at load: works out the decode lever from the code of this SGLang."""
@@ -107,7 +113,7 @@ class DecodeMonitor(Monitor):
             self.last_iteration_unix = time.time()
             if self._orders:
                 self._handle_orders(lambda order: decode.apply_order(order, scheduler, self.capabilities_for,
-                                                                     self._note_deferred),
+                                                                     self._note_deferred, self.identity.pp_size),
                                     "decode force-fail order")
             prealloc, transfer = decode.queues(scheduler)
             self._total_before_pass = len(prealloc) + len(transfer)

@@ -1,11 +1,17 @@
-"""The AROUND hooks on the prefill inflight pass and the decode queue pass.
+"""The AROUND hooks on the prefill inflight pass and the decode queue passes.
 
 Prefill: ``SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue``,
 with both signatures: ``(self)`` (older releases, called only while the
 queue is non-empty) and ``(self, rids_to_check=None) -> List[Req]`` (newest).
 Decode: ``SchedulerDisaggregationDecodeMixin.process_decode_queue(self)``,
-which the decode event loops call once per unpaused pass and which polls
-both the prealloc and the transfer queue. Arguments and return values pass
+which the decode event loops without PP call once per unpaused pass and
+which polls both the prealloc and the transfer queue. SGLang's PP decode
+loop (``SchedulerPPMixin.event_loop_pp_disagg_decode``,
+``managers/scheduler_pp_mixin.py``, v0.5.10 to v0.5.18) never calls it: per
+microbatch it runs ``process_prealloc_queue(rids)`` then
+``process_decode_transfer_queue(rids)`` on the stages' consensus. There the
+two hooks make one pass of the pair: it opens before the prealloc pass and
+closes after the transfer pass. Arguments and return values pass
 through untouched. Nothing the hooks do may raise into the scheduler: the
 monitors catch their own failures, and a scheduler the plugin cannot set up
 runs unhooked.
@@ -29,6 +35,13 @@ METHOD = "process_disagg_prefill_inflight_queue"
 TARGET = f"sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.{METHOD}"
 DECODE_METHOD = "process_decode_queue"
 DECODE_TARGET = f"sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.{DECODE_METHOD}"
+PP_PREALLOC_METHOD = "process_prealloc_queue"
+PP_TRANSFER_METHOD = "process_decode_transfer_queue"
+PP_MIXIN = "sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin"
+PP_TARGETS = (f"{PP_MIXIN}.{PP_PREALLOC_METHOD}", f"{PP_MIXIN}.{PP_TRANSFER_METHOD}")
+
+# Who holds a decode monitor's pass open: process_decode_queue, or the PP loop's pair.
+_QUEUE_PASS, _PP_PASS = "queue", "pp"
 
 # Per hooked method, scheduler -> its monitor, or None for schedulers that
 # run unhooked there (another mode, not the attention-TP leader, disabled,
@@ -48,7 +61,51 @@ def around_inflight_pass(original_fn, scheduler, *args, **kwargs):
 
 def around_decode_pass(original_fn, scheduler, *args, **kwargs):
     """AROUND hook on process_decode_queue, in the same shape."""
-    return _around("decode", original_fn, scheduler, args, kwargs)
+    monitor = _monitor_for_pass(scheduler, original_fn, "decode")
+    if monitor is None or monitor.pass_owner is not None:
+        return original_fn(scheduler, *args, **kwargs)
+    return _pass(monitor, scheduler, _QUEUE_PASS, original_fn, args, kwargs)
+
+
+def around_pp_prealloc_pass(original_fn, scheduler, *args, **kwargs):
+    """AROUND hook on SchedulerPPMixin.process_prealloc_queue: opens the PP decode pass."""
+    monitor = _pp_monitor(original_fn, scheduler)
+    if monitor is not None:
+        if monitor.pass_owner == _PP_PASS:  # the last pair never reached its transfer pass
+            monitor.pass_owner = None
+            monitor.after_pass(scheduler)
+        monitor.pass_owner = _PP_PASS
+        monitor.before_pass(scheduler)
+    return original_fn(scheduler, *args, **kwargs)
+
+
+def around_pp_transfer_pass(original_fn, scheduler, *args, **kwargs):
+    """AROUND hook on SchedulerPPMixin.process_decode_transfer_queue: closes the PP decode pass."""
+    monitor = _pp_monitor(original_fn, scheduler)
+    if monitor is None:
+        return original_fn(scheduler, *args, **kwargs)
+    if monitor.pass_owner is None:  # a transfer pass without its prealloc pass is a pass of its own
+        monitor.before_pass(scheduler)
+    return _pass(monitor, scheduler, _PP_PASS, original_fn, args, kwargs, opened=True)
+
+
+def _pp_monitor(original_fn, scheduler):
+    """The decode monitor, unless a process_decode_queue pass holds it (a loop that calls both)."""
+    monitor = _monitor_for_pass(scheduler, original_fn, "decode")
+    return None if monitor is None or monitor.pass_owner == _QUEUE_PASS else monitor
+
+
+def _pass(monitor, scheduler, owner, original_fn, args, kwargs, opened=False):
+    if not opened:
+        monitor.before_pass(scheduler)
+    monitor.pass_owner = owner
+    try:
+        result = original_fn(scheduler, *args, **kwargs)
+    finally:
+        # SGLang's own exception goes up untouched; the next pass opens afresh.
+        monitor.pass_owner = None
+    monitor.after_pass(scheduler)
+    return result
 
 
 def _around(mode, original_fn, scheduler, args, kwargs):
@@ -61,7 +118,8 @@ def _around(mode, original_fn, scheduler, args, kwargs):
     return result
 
 
-_HOOKS = {METHOD: around_inflight_pass, DECODE_METHOD: around_decode_pass}
+_HOOKS = {METHOD: around_inflight_pass, DECODE_METHOD: around_decode_pass,
+          PP_PREALLOC_METHOD: around_pp_prealloc_pass, PP_TRANSFER_METHOD: around_pp_transfer_pass}
 
 
 def install(mixin_class, method=METHOD):

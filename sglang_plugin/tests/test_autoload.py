@@ -23,6 +23,15 @@ class SchedulerDisaggregationDecodeMixin:
         return "decode pass"
 """
 
+PP = """
+class SchedulerPPMixin:
+    def process_prealloc_queue(self, prealloc_rids):
+        return ["prealloc", prealloc_rids]
+
+    def process_decode_transfer_queue(self, release_rids):
+        return ["transfer", release_rids]
+"""
+
 # Loads the site directory the way site.py loads site-packages at start-up,
 # so the real .pth line runs; then reports what the process looks like.
 PROBE = """
@@ -38,6 +47,11 @@ if sys.argv[2] == "import":
     report["decode_hooked"] = getattr(decode.SchedulerDisaggregationDecodeMixin.process_decode_queue,
                                       "__sglang_watchdog_hook__", False)
     report["decode_result"] = decode.SchedulerDisaggregationDecodeMixin().process_decode_queue()
+    from sglang.srt.managers import scheduler_pp_mixin
+    pp = scheduler_pp_mixin.SchedulerPPMixin
+    report["pp_hooked"] = [name for name in ("process_prealloc_queue", "process_decode_transfer_queue")
+                           if getattr(getattr(pp, name, None), "__sglang_watchdog_hook__", False)]
+    report["pp_results"] = [getattr(pp(), name)(["r"]) for name in report["pp_hooked"]]
 print(json.dumps(report))
 """
 
@@ -54,6 +68,8 @@ class AutoloadTest(unittest.TestCase):
         self.write("sglang/srt/disaggregation/__init__.py", "")
         self.write("sglang/srt/disaggregation/prefill.py", PREFILL)
         self.write("sglang/srt/disaggregation/decode.py", DECODE)
+        self.write("sglang/srt/managers/__init__.py", "")
+        self.write("sglang/srt/managers/scheduler_pp_mixin.py", PP)
 
     def write(self, relative, text):
         path = os.path.join(self.root, "pkgs", relative)
@@ -79,6 +95,15 @@ class AutoloadTest(unittest.TestCase):
         self.assertEqual(report["result"], ["original", ["r1"]])  # not a prefill scheduler: passes through
         self.assertTrue(report["decode_hooked"], stderr)
         self.assertEqual(report["decode_result"], "decode pass")  # not a decode scheduler: passes through
+        self.assertEqual(report["pp_hooked"], ["process_prealloc_queue", "process_decode_transfer_queue"])
+        self.assertEqual(report["pp_results"], [["prealloc", ["r"]], ["transfer", ["r"]]])
+
+    def test_a_pp_mixin_without_pp_decode_is_left_alone(self):
+        self.write("sglang/srt/managers/scheduler_pp_mixin.py",
+                   "class SchedulerPPMixin:\n    def event_loop_pp_disagg_prefill(self):\n        pass\n")
+        report, stderr = self.probe("import")
+        self.assertEqual(report["pp_hooked"], [])
+        self.assertNotIn("could not hook", stderr)
 
     def test_defers_to_the_plugin_framework(self):
         self.write("sglang/srt/plugins/__init__.py", "")

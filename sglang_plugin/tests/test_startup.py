@@ -202,6 +202,10 @@ class HookShapeTest(unittest.TestCase):
              "process_disagg_prefill_inflight_queue", hook.around_inflight_pass, HookType.AROUND),
             ("sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue",
              hook.around_decode_pass, HookType.AROUND),
+            ("sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin.process_prealloc_queue",
+             hook.around_pp_prealloc_pass, HookType.AROUND),
+            ("sglang.srt.managers.scheduler_pp_mixin.SchedulerPPMixin.process_decode_transfer_queue",
+             hook.around_pp_transfer_pass, HookType.AROUND),
         ])
 
     def test_register_without_sglang_only_warns(self):

@@ -26,9 +26,11 @@ _first_rooms = itertools.count(900000)
 
 
 class Bench:
-    def __init__(self, rt, backend, pass_interval=0.005):
+    def __init__(self, rt, backend, pass_interval=0.005, prefill_mgr=None):
+        """``prefill_mgr``: another bench's, for benches that are one server's ranks (the bootstrap server here
+        knows one prefill manager per rank, the last one registered)."""
         self.rt, self.backend = rt, backend
-        self.prefill_mgr = rt.manager(backend, "prefill")
+        self.prefill_mgr = prefill_mgr or rt.manager(backend, "prefill")
         self.decode_mgr = rt.manager(backend, "decode")
         self.pass_interval = pass_interval
         self.passes = 0

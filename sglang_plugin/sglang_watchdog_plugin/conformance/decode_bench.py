@@ -33,8 +33,12 @@ What stands in, and why:
   does.
 """
 
+import copy
 import inspect
 import logging
+import os
+import queue
+import threading
 import types
 
 from . import bench as bench_module
@@ -100,14 +104,14 @@ def construct(cls, values, what):
 
 
 class DecodeBench(bench_module.Bench):
-    def __init__(self, rt, backend, pass_interval=0.005, metadata_slots=32, prealloc_methods=None):
+    def __init__(self, rt, backend, pass_interval=0.005, metadata_slots=32, prealloc_methods=None, prefill_mgr=None):
         """``prealloc_methods`` replace methods of the release's DecodePreallocQueue (a scenario that derives
         another release's shape from this one's code)."""
         self._awaiting_metadata = {}  # room -> (DecodeRequest, slot)
         self.bootstrap_port = rt.bootstrap_server(backend)[1]  # each backend has its own bootstrap server here
         self.metadata_slots = metadata_slots
         self.prealloc_methods = prealloc_methods or {}
-        super().__init__(rt, backend, pass_interval)
+        super().__init__(rt, backend, pass_interval, prefill_mgr)
 
     def _pass_needs_requests(self):
         return False  # the decode event loops run the queue pass on every iteration
@@ -120,8 +124,8 @@ class DecodeBench(bench_module.Bench):
         metadata_slots = self.metadata_slots
         rt = self.rt
         decode = rt.decode
-        Mixin = decode.SchedulerDisaggregationDecodeMixin
-        cls = type("DecodeScheduler", (Mixin,), {"stream_output": sch._record_stream, "__init__": lambda self: None})
+        cls = type("DecodeScheduler", self._mixins(),
+                   {"stream_output": sch._record_stream, "__init__": lambda self: None})
         s = cls()
         sch._common(s, rt, self.backend, rt.Mode.DECODE)
         s.server_args = _Args(rt.server_args, disaggregation_transfer_backend=self.backend,
@@ -181,14 +185,13 @@ class DecodeBench(bench_module.Bench):
         s.disagg_decode_prealloc_queue = prealloc
         return s
 
+    def _mixins(self):
+        return (self.rt.decode.SchedulerDisaggregationDecodeMixin,)
+
     # The loop ------------------------------------------------------------
 
     def _pass(self, pending):
-        for kind, item in pending:
-            if kind == "prealloc":
-                self.scheduler.disagg_decode_prealloc_queue.add(item)
-            else:
-                self.scheduler.disagg_decode_transfer_queue.extend([item])
+        self._join(pending)
         self._poll_senders()
         self._write_arrived_metadata()
         try:
@@ -196,6 +199,13 @@ class DecodeBench(bench_module.Bench):
         except Exception:
             logging.getLogger(__name__).exception("SGLang's decode pass raised")
             raise
+
+    def _join(self, pending):
+        for kind, item in pending:
+            if kind == "prealloc":
+                self.scheduler.disagg_decode_prealloc_queue.add(item)
+            else:
+                self.scheduler.disagg_decode_transfer_queue.extend([item])
 
     def _poll_senders(self):
         """The prefill server's inflight pass polls its senders every pass; some releases' NIXL senders settle
@@ -318,3 +328,130 @@ def _spec_algorithm():
 
 def _members(cls):
     return {name for klass in cls.__mro__ for name in vars(klass)}
+
+
+class PPChannels:
+    """SGLang's pyobj messages from each PP stage to the next (point_to_point_pyobj over torch.distributed between
+    processes), as one FIFO per pair: messages are matched by order, as there."""
+
+    def __init__(self, size):
+        self.size = size
+        self._queues = {src: queue.Queue() for src in range(size)}
+
+    def send(self, src, data):
+        self._queues[src].put(copy.deepcopy(data))
+        return []  # no P2PWork to wait for: the message is delivered
+
+    def recv(self, dst, stopped):
+        source = self._queues[(dst - 1) % self.size]
+        while True:
+            try:
+                return source.get(timeout=0.05)
+            except queue.Empty:
+                if stopped():
+                    raise _Stopped() from None
+
+
+class _Stopped(BaseException):
+    """The bench stops while a stage waits for its previous stage."""
+
+
+class PPDecodeStage(DecodeBench):
+    """One stage of a PP decode server: the scheduler also derives from the release's ``SchedulerPPMixin``, and
+    its loop runs, per iteration, the decode-queue work of the release's ``event_loop_pp_disagg_decode`` for every
+    microbatch, in that loop's order, through SGLang's own methods: ``_pp_pd_get_prealloc_ids`` and
+    ``_pp_pd_get_decode_transferred_ids`` (each stage polls its receivers, then intersects with the previous
+    stage's rids), ``_pp_pd_send_consensus_bootstrapped_ids`` and ``_pp_pd_send_consensus_release_ids`` (the last
+    stage's consensus goes round the ring), and ``process_prealloc_queue`` and ``process_decode_transfer_queue``
+    (the passes the plugin hooks there) on the consensus that came round. What stands in: the messages between
+    stages (``PPChannels``) and everything of the loop that is not about the decode queues (input requests,
+    retraction, batches and their tensors), which a request that never finishes its transfer does not reach.
+    """
+
+    def __init__(self, rt, backend, pp_rank, channels, **kwargs):
+        self.pp_rank, self.channels = pp_rank, channels
+        self.loop_size = channels.size  # pp_size + pp_async_batch_depth, which is 0 by default
+        self._pmbs = [None] * self.loop_size
+        self._tmbs = [None] * self.loop_size
+        self._consensus_prealloc = None
+        self._release = None
+        super().__init__(rt, backend, **kwargs)
+
+    def _mixins(self):
+        pp = runtime_module.loader.load("sglang.srt.managers.scheduler_pp_mixin")[0]
+        return (pp.SchedulerPPMixin,) + super()._mixins()
+
+    def _scheduler(self):
+        s = super()._scheduler()
+        size = self.channels.size
+        for target in (s, s.ps):
+            target.pp_rank, target.pp_size = self.pp_rank, size
+        s.pp_group = types.SimpleNamespace(is_first_rank=self.pp_rank == 0, is_last_rank=self.pp_rank == size - 1,
+                                           rank_in_group=self.pp_rank, world_size=size)
+        s._pp_send_pyobj_to_next_stage = lambda data, async_send=False: self.channels.send(self.pp_rank, data)
+        s._pp_recv_pyobj_from_prev_stage = lambda: self.channels.recv(self.pp_rank, self._stop.is_set)
+        return s
+
+    def start(self):
+        """Starts the loop without waiting for the plugin: a stage's first hooked pass needs the others running."""
+        os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")
+        os.environ["SGLANG_WATCHDOG_PLUGIN_PORT"] = "0"
+        self._thread = threading.Thread(target=self._loop, name=f"bench-pp{self.pp_rank}-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self):
+        try:
+            super()._loop()
+        except _Stopped:
+            pass
+
+    def call(self, fn):
+        """Runs ``fn`` on the scheduler thread before the next iteration, as SGLang handles its inputs there;
+        returns once it ran."""
+        done = threading.Event()
+
+        def run():
+            try:
+                fn()
+            finally:
+                done.set()
+
+        with self._lock:
+            self._calls.append(run)
+        if not done.wait(10):
+            raise RuntimeError(f"PP stage {self.pp_rank} did not run the call within 10 s")
+
+    def _pass(self, pending):
+        self._join(pending)
+        self._poll_senders()
+        self._write_arrived_metadata()
+        for mb_id in range(self.loop_size):
+            try:
+                self._microbatch(mb_id)
+            except Exception:
+                logging.getLogger(__name__).exception("SGLang's PP decode queue work raised")
+                raise
+
+    def _microbatch(self, mb_id):
+        s = self.scheduler
+        size = self.channels.size
+        next_first_rank_mb_id = (mb_id + size) % self.loop_size
+        next_mb_id = (mb_id + 1) % self.loop_size
+        prealloc_rids = s._pp_pd_get_prealloc_ids()
+        self._pmbs[mb_id] = prealloc_rids
+        transferred_rids = s._pp_pd_get_decode_transferred_ids()
+        self._tmbs[mb_id] = transferred_rids
+        _, self._consensus_prealloc = s._pp_pd_send_consensus_bootstrapped_ids(
+            self._pmbs, next_first_rank_mb_id, self._consensus_prealloc, prealloc_rids)
+        _, self._release = s._pp_pd_send_consensus_release_ids(
+            self._tmbs, next_first_rank_mb_id, self._release, transferred_rids)
+        next_consensus_prealloc = next_release = None
+        if self._pmbs[next_mb_id] is not None:
+            next_consensus_prealloc = s.process_prealloc_queue(s._pp_recv_pyobj_from_prev_stage())
+        if self._tmbs[next_mb_id] is not None:
+            next_release = s.process_decode_transfer_queue(s._pp_recv_pyobj_from_prev_stage())
+        if not s.pp_group.is_last_rank:
+            s._pp_send_pyobj_to_next_stage(prealloc_rids, async_send=True)
+            s._pp_send_pyobj_to_next_stage(transferred_rids, async_send=True)
+        self._release, self._consensus_prealloc = next_release, next_consensus_prealloc
