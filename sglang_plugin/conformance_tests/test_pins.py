@@ -24,7 +24,7 @@ import time
 import unittest
 
 from sglang_watchdog_plugin.conformance import bench as bench_module
-from sglang_watchdog_plugin.conformance import pins, runtime
+from sglang_watchdog_plugin.conformance import check, pins, runtime
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
@@ -111,7 +111,7 @@ class _Pins:
             time.sleep(0.3)
             self.assertTrue(self.bench.queued(req.rid), "501 said nothing changed, yet the request left")
             # Honest only if SGLang's own abort, where it reaches the inflight queue, cannot release it either.
-            if hasattr(req.disagg_kv_sender, "abort") and pins.abort_reaches(
+            if hasattr(req.disagg_kv_sender, "abort") and check.abort_reaches(
                     runtime.loader.loaded.source, "disagg_prefill_inflight_queue") is not False:
                 self.bench.abort(req.rid)
                 time.sleep(0.5)
@@ -158,7 +158,7 @@ class _Pins:
         if not hasattr(Sender, "abort"):
             self.skipTest(f"{self.backend}: {Sender.__name__} ({_file(Sender)}) and its bases have no abort(): "
                           f"nothing sets Failed on a room {when} from outside the transfer path")
-        if pins.abort_reaches(runtime.loader.loaded.source, queue_attr) is False:
+        if check.abort_reaches(runtime.loader.loaded.source, queue_attr) is False:
             self.skipTest(f"{self.backend}: Scheduler.abort_request (managers/scheduler.py) never calls abort() on "
                           f"the senders of {queue_attr}: a client abort does not reach a room {when}")
 

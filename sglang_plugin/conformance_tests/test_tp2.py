@@ -22,10 +22,9 @@ import json
 import os
 import time
 import unittest
-import urllib.error
-import urllib.request
 
 from sglang_watchdog_plugin import peers
+from sglang_watchdog_plugin.conformance import bench as bench_module
 from sglang_watchdog_plugin.conformance import tp2, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
@@ -56,18 +55,11 @@ class _Tp2:
     # The leader's API -----------------------------------------------------
 
     def listing(self):
-        with urllib.request.urlopen(self.group.url + "/debug/inflight", timeout=10) as r:
-            return json.load(r)
+        return bench_module.get_json(self.group.url + "/debug/inflight")
 
     def force_fail(self, req):
-        data = json.dumps({"rid": req.rid, "bootstrap_room": req.bootstrap_room, "reason": "conformance tp2"})
-        request = urllib.request.Request(self.group.url + "/admin/force_fail", data=data.encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=15) as r:
-                return r.status, json.load(r)
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+        return bench_module.post_json(self.group.url + "/admin/force_fail",
+                                      {"rid": req.rid, "bootstrap_room": req.bootstrap_room, "reason": "conformance tp2"})
 
     def eventually(self, predicate, what):
         """The latest listing once ``predicate(listing)`` holds (a listing is a moment; the files age)."""

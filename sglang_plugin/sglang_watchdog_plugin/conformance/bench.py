@@ -243,8 +243,7 @@ class Bench:
         return f"http://127.0.0.1:{self.monitor.listener.port}"
 
     def listing(self):
-        with urllib.request.urlopen(self.url + "/debug/inflight", timeout=10) as r:
-            return json.load(r)
+        return get_json(self.url + "/debug/inflight")
 
     def listed(self, rid):
         if self.monitor is None or self.monitor.listener is None:
@@ -256,14 +255,7 @@ class Bench:
         return next((room for room in rooms if room.get("rid") == rid), None)
 
     def post(self, path, body):
-        data = json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=15) as r:
-                return r.status, json.load(r)
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+        return post_json(self.url + path, body)
 
     def worker(self, queue):
         """The listing's entry of one transfer worker (round 4)."""
@@ -277,3 +269,19 @@ class Bench:
     def force_fail(self, req, dry_run=False):
         return self.post("/admin/force_fail", {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
                                                "reason": "conformance", "dry_run": dry_run})
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def post_json(url, body):
+    """(status, body) of a JSON POST to the plugin; an HTTP error status is an answer, not an exception."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=15) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")

@@ -109,12 +109,17 @@ def _released_fully(bench, req):
 
 
 def abort_reaches_inflight_queue(folder):
-    """Whether this release's ``Scheduler.abort_request`` calls ``abort()`` on requests of the inflight queue.
+    """Whether this release's ``Scheduler.abort_request`` calls ``abort()`` on requests of the inflight queue."""
+    return abort_reaches(folder, "disagg_prefill_inflight_queue")
+
+
+def abort_reaches(folder, queue_attr):
+    """Whether this release's ``Scheduler.abort_request`` calls ``abort()`` on requests of that queue.
 
     Read from the source of the installed SGLang (no import of the scheduler,
-    which needs the GPU stack): the function's body names
-    ``disagg_prefill_inflight_queue`` and calls ``.abort()``. None when the
-    function cannot be found or read.
+    which needs the GPU stack): the function's body names the queue's
+    attribute and calls ``.abort()``. None when the function cannot be found
+    or read.
     """
     for path in glob.glob(os.path.join(folder, "srt", "managers", "*.py")):
         try:
@@ -127,7 +132,7 @@ def abort_reaches_inflight_queue(folder):
                 for fn in node.body:
                     if isinstance(fn, ast.FunctionDef) and fn.name == "abort_request":
                         names = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
-                        return "disagg_prefill_inflight_queue" in names and "abort" in names
+                        return queue_attr in names and "abort" in names
     return None
 
 

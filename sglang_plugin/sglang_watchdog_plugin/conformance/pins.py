@@ -24,7 +24,6 @@ naming the code that prevents it. Nothing is decided from a version number.
 """
 
 import ast
-import glob
 import inspect
 import logging
 import os
@@ -98,27 +97,6 @@ def handles_decode_abort(manager):
                     if isinstance(side, ast.Constant) and side.value in ("ABORT", b"ABORT"):
                         return True
     return False
-
-
-def abort_reaches(folder, queue_attr):
-    """Whether this release's ``Scheduler.abort_request`` calls ``abort()`` on requests of that prefill queue.
-
-    Read from the source (the scheduler itself needs the GPU stack to import).
-    None when the function cannot be found.
-    """
-    for path in glob.glob(os.path.join(folder, "srt", "managers", "*.py")):
-        try:
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-        except (OSError, SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and node.name.startswith("Scheduler"):
-                for fn in node.body:
-                    if isinstance(fn, ast.FunctionDef) and fn.name == "abort_request":
-                        names = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)}
-                        return queue_attr in names and "abort" in names
-    return None
 
 
 def failed_survives_later_write(rt, manager, scratch_room):
