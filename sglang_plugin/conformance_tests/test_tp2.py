@@ -19,7 +19,6 @@ polls, the inflight queues, the finish reasons) and the leader's listing.
 """
 
 import json
-import os
 import time
 import unittest
 
