@@ -255,6 +255,18 @@ class DecodeBench(bench_module.Bench):
 
     def admit(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
         """A request whose pages were allocated and sent to prefill, handed to the transfer queue; prefill then sends."""
+        decode_req, link = self.prepare(room, behaviour, rid)
+        req = decode_req.req
+        with self._lock:
+            self._pending.append(("transfer", decode_req))
+        sch._until(lambda: self.listed(req.rid) is not None, 10, f"{req.rid} to be listed")
+        link.send(chunks)
+        return req
+
+    def prepare(self, room, behaviour=transports.COMPLETE, rid=None):
+        """The request as ``pop_preallocated`` hands it over (pages allocated, sent to prefill), not yet in the
+        transfer queue and its prefill not yet sending: (DecodeRequest, Link). ``admit`` queues it through the
+        loop; the cost measurement, which runs the passes itself, extends the queue directly."""
         transports.fabric.plan(room, behaviour)
         allocator = self.scheduler.req_to_metadata_buffer_idx_allocator
         slot = allocator.alloc()
@@ -272,11 +284,7 @@ class DecodeBench(bench_module.Bench):
         req.decode_request = decode_req
         self.links[req.rid] = link
         self._awaiting_metadata[room] = (decode_req, slot)
-        with self._lock:
-            self._pending.append(("transfer", decode_req))
-        sch._until(lambda: self.listed(req.rid) is not None, 10, f"{req.rid} to be listed")
-        link.send(chunks)
-        return req
+        return decode_req, link
 
     def queued(self, rid):
         return self.queue_of(rid) is not None
