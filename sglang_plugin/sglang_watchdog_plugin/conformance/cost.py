@@ -81,7 +81,7 @@ def measure_decode(rt, backend, requests, passes):
         transfer.extend([decode_req])
         link.send(1)
         rooms.append(room)
-    _check_every_request_polled(rt, s, original, requests)
+    _check_every_request_polled(s, original, requests)
     os.environ.setdefault("SGLANG_WATCHDOG_PLUGIN_HOST", "127.0.0.1")
     os.environ["SGLANG_WATCHDOG_PLUGIN_PORT"] = "0"
     hook.around_decode_pass(original, s)  # starts the decode monitor and its listener, as the first pass does
@@ -124,7 +124,7 @@ def measure_decode(rt, backend, requests, passes):
     return best_plain, best_hooked, {"hook_alone_us": round(alone, 1), "reread_us": round(reread_us, 1)}
 
 
-def _check_every_request_polled(rt, s, original, requests):
+def _check_every_request_polled(s, original, requests):
     """One unwrapped pass with each receiver's poll counted: the measured pass must poll all of them.
 
     Guards against a pass that returns early (a retracted request left in the prealloc queue, a polling interval
