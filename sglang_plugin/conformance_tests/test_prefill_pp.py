@@ -21,12 +21,13 @@ force-fail, or succeeded (that stage answers ``409 transfer_succeeded`` and rele
 
 import ast
 import inspect
-import os
 import unittest
 
 from sglang_watchdog_plugin import hook
-from sglang_watchdog_plugin.conformance import decode_bench, prefill_pp, runtime, transports
+from sglang_watchdog_plugin.conformance import decode_bench, prefill_pp, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
+
+from . import test_prefill
 
 _RT = None
 _rooms = iter(range(140000, 180000))
@@ -36,12 +37,8 @@ _WAIT_S = 15  # generous: three releases run side by side on two cores
 
 def setUpModule():
     global _RT
-    if not os.environ.get("SGLANG_SRC"):
-        import importlib.util
-
-        if importlib.util.find_spec("sglang") is None:
-            raise unittest.SkipTest("no SGLang source (SGLANG_SRC) and no installed sglang: nothing to run on")
-    _RT = runtime.Runtime()
+    test_prefill.setUpModule()  # one SGLang runtime per process, shared with the other prefill tests
+    _RT = test_prefill._RT
 
 
 def _no_loop_reason():
