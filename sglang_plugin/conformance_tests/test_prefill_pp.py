@@ -131,9 +131,12 @@ class _PPPrefill:
 
     def test_each_stage_lists_itself_and_the_request(self):
         reqs = self.admit((transports.HANG, transports.HANG))
+        self.assertNotEqual(self.stages[0].url, self.stages[1].url)
         for stage, req in zip(self.stages, reqs):
             body = stage.listing()
             self.assertEqual((body["server"]["pp_rank"], body["server"]["pp_size"]), (stage.pp_rank, 2))
+            # Each stage its own listener, at port offset dp_rank * pp_size + pp_rank from the base.
+            self.assertEqual(stage.monitor.identity.index, stage.pp_rank)
             row = stage.listed(req.rid)
             self.assertEqual(row["bootstrap_room"], req.bootstrap_room)
             self.assertGreater(stage.monitor.iterations, 0)
