@@ -260,7 +260,6 @@ class _Pins:
         reason = self.manager.failure_records.get(sender.bootstrap_room, "")
         self.assertIn("Bootstrapping", reason, "ended, but not by SGLang's bootstrap timeout")
 
-
 class Nixl(_Pins, unittest.TestCase):
     backend = "nixl"
 

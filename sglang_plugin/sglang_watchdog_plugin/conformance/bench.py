@@ -131,9 +131,7 @@ class Bench:
         slot = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
         if slot is None:
             raise RuntimeError("no free metadata slot: more requests in flight than the bench's pool holds")
-        # A bench with a bootstrap server of its own (a PP stage) hands its port to the link.
-        link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, self.decode_mgr, slot=slot,
-                        bootstrap_port=getattr(self, "bootstrap_port", None))
+        link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, self.decode_mgr, slot=slot)
         link.bootstrap()
         link.send(chunks)
         req = sch.make_req(self.rt, room, rid=rid, sender=link.sender)
@@ -154,29 +152,20 @@ class Bench:
         """A client's abort, as Scheduler.abort_request handles it for the prefill inflight queue (SGLang
         v0.5.18, managers/scheduler.py): the matching requests' senders get ``abort()``, on the scheduler
         thread, before the next pass. Returns once it ran."""
-
-        def abort():
-            for req in self.scheduler.disagg_prefill_inflight_queue:
-                if req.rid.startswith(rid) and hasattr(req.disagg_kv_sender, "abort"):
-                    req.disagg_kv_sender.abort()
-
-        self.call(abort, f"the abort of {rid}")
-
-    def call(self, fn, what="the call"):
-        """Runs ``fn`` on the scheduler thread before the next pass, as SGLang handles its inputs there;
-        returns once it ran."""
         done = threading.Event()
 
-        def run():
+        def abort():
             try:
-                fn()
+                for req in self.scheduler.disagg_prefill_inflight_queue:
+                    if req.rid.startswith(rid) and hasattr(req.disagg_kv_sender, "abort"):
+                        req.disagg_kv_sender.abort()
             finally:
                 done.set()
 
         with self._lock:
-            self._calls.append(run)
+            self._calls.append(abort)
         if not done.wait(10):
-            raise RuntimeError(f"the scheduler loop did not run {what} within 10 s")
+            raise RuntimeError(f"the scheduler loop did not run the abort of {rid} within 10 s")
 
     def hold(self):
         """Stops the loop between two passes; returns once no pass is running."""

@@ -414,6 +414,22 @@ class PPDecodeStage(DecodeBench):
         except _Stopped:
             pass
 
+    def call(self, fn):
+        """Runs ``fn`` on the scheduler thread before the next iteration, as SGLang handles its inputs there;
+        returns once it ran."""
+        done = threading.Event()
+
+        def run():
+            try:
+                fn()
+            finally:
+                done.set()
+
+        with self._lock:
+            self._calls.append(run)
+        if not done.wait(10):
+            raise RuntimeError(f"PP stage {self.pp_rank} did not run the call within 10 s")
+
     def _pass(self, pending):
         self._join(pending)
         self._poll_senders()

@@ -222,6 +222,22 @@ class PPPrefillStage(bench_module.Bench):
 
     # Requests -------------------------------------------------------------
 
+    def prepare(self, room, behaviour=None, chunks=1, rid=None):
+        from . import transports
+
+        transports.fabric.plan(room, behaviour or transports.COMPLETE)
+        slot = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
+        if slot is None:
+            raise RuntimeError("no free metadata slot: more requests in flight than the bench's pool holds")
+        link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, self.decode_mgr, slot=slot,
+                        bootstrap_port=self.bootstrap_port)
+        link.bootstrap()
+        link.send(chunks)
+        req = sch.make_req(self.rt, room, rid=rid, sender=link.sender)
+        req.metadata_buffer_index = slot
+        self.links[req.rid] = link
+        return req
+
     def free_metadata_slots(self):
         allocator = self.scheduler.req_to_metadata_buffer_idx_allocator
         size = getattr(allocator, "available_size", None)
