@@ -51,6 +51,9 @@ const (
 	// The levers were pulled, yet the sender does not poll Failed: SGLang
 	// will not release the request (HTTP 500, counted as an error).
 	ResultLeverIneffective = "lever_ineffective"
+	// Round 5, attention TP/CP: the leader sent its share, but cannot see
+	// whether the ranks in Ranks still send theirs; nothing was changed.
+	ResultGroupUnwatched = "group_unwatched"
 )
 
 // Wedge order results (POST /admin/wedge_order, round 4).
@@ -308,6 +311,9 @@ type ForceFailResponse struct {
 	Levers      []string `json:"levers,omitempty"`
 	AppliedUnix float64  `json:"applied_unix,omitempty"`
 	Error       string   `json:"error,omitempty"`
+	// Ranks of the attention TP/CP group not watched (group_unwatched,
+	// round 5), as "tp<R>-cp<C>".
+	Ranks []string `json:"ranks,omitempty"`
 }
 
 // RestartRequest is the body of POST /admin/restart (round 2). PID must be

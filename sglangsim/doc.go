@@ -328,10 +328,12 @@
 // lists the leader's own poll (so a room whose leader finished lists
 // Success); a force-fail of such a room pulls the levers while a watched
 // rank still has a chunk of it out, as the plugin does (the Success branch
-// would wait for that rank for ever), and answers 409 transfer_succeeded
-// where no watched rank does (the leader-only view, an unwatched rank:
-// only a restart ends it on prefill, and decode's own waiting timeout on
-// decode). The levers (force-fail and
+// would wait for that rank for ever). Where no watched rank does, it
+// answers 409 transfer_succeeded if every rank is watched, and 409
+// group_unwatched (naming the ranks) if one is not; the leader-only view
+// answers transfer_succeeded as a round 4 plugin did. A room held by an
+// unwatched rank's wedge is ended only by a restart on prefill, and by
+// decode's own waiting timeout on decode. The levers (force-fail and
 // wedge orders) go to the leader's sender only; the Failed branch then
 // runs on every rank, where
 // failure_exception() clears the room (request_status, transfer_infos), so

@@ -1216,6 +1216,11 @@ func (r *rank) applyOrder(s *Sim, req pluginapi.ForceFailRequest, now time.Time)
 	sd := q.senders[r.pp]
 	if st, _ := r.status(s, sd, now); st == pollSuccess && !r.sentElsewhere(s, q) {
 		room := q.room
+		if unwatched := r.unwatchedPeers(s); len(unwatched) > 0 {
+			return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultGroupUnwatched, RID: q.rid, BootstrapRoom: &room,
+				Ranks: unwatched, Error: "this rank sent its share of rid " + strconv.Quote(q.rid) +
+					"; whether ranks " + strings.Join(unwatched, ", ") + " still send theirs is unknown; nothing was changed"}
+		}
 		return 409, pluginapi.ForceFailResponse{Result: pluginapi.ResultTransferSucceeded, RID: q.rid, BootstrapRoom: &room,
 			Error: "the transfer of rid " + strconv.Quote(q.rid) + " succeeded; the scheduler releases it on its own"}
 	}
@@ -1460,6 +1465,25 @@ func (r *rank) watchedPeers(s *Sim) []*xfer {
 		return nil
 	}
 	return r.peers[:len(r.peers)-s.opts.TPUnwatched]
+}
+
+// unwatchedPeers names the non-leader ranks the leader's plugin cannot
+// read ("tp<R>-cp0"): the last Options.TPUnwatched, or every one where no
+// manager keeps the count. The leader-only view (a round 4 plugin) knows
+// of no peer at all, and answers as if it were the only writer.
+func (r *rank) unwatchedPeers(s *Sim) []string {
+	if s.opts.AttnTP == 1 || s.opts.LeaderOnlyView {
+		return nil
+	}
+	first := 1 + len(r.watchedPeers(s))
+	if s.opts.LeverEra == LeversNIXLMid2025 {
+		first = 1
+	}
+	var names []string
+	for tp := first; tp < s.opts.AttnTP; tp++ {
+		names = append(names, "tp"+strconv.Itoa(tp)+"-cp0")
+	}
+	return names
 }
 
 func intPtr(v int) *int { return &v }

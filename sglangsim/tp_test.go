@@ -2,6 +2,7 @@ package sglangsim
 
 import (
 	"context"
+	"reflect"
 	"testing"
 	"time"
 
@@ -56,18 +57,20 @@ func TestTPListingRanks(t *testing.T) {
 // chunk in flight, and decode, whose receivers miss that rank's share,
 // never sees it done. A force-fail through the leader pulls the levers
 // where the plugin sees the other rank still sending (round 5, as the
-// plugin does: the Success branch would wait for ever), and answers
-// transfer_succeeded where it cannot see that rank (the leader-only view
-// hides the chunk; a stale peer is not merged either, but says so).
+// plugin does: the Success branch would wait for ever). Where it cannot
+// see that rank it changes nothing: a round 4 plugin (the leader-only
+// view) answers transfer_succeeded, a false promise; round 5 answers
+// group_unwatched and names the stale rank.
 func TestTPNonLeaderWedge(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		o        Options
 		inFlight bool
+		refusal  string
 	}{
-		{"round 5", Options{AttnTP: 2}, true},
-		{"leader-only view", Options{AttnTP: 2, LeaderOnlyView: true}, false},
-		{"stale peer", Options{AttnTP: 2, TPUnwatched: 1}, false},
+		{"round 5", Options{AttnTP: 2}, true, ""},
+		{"leader-only view", Options{AttnTP: 2, LeaderOnlyView: true}, false, pluginapi.ResultTransferSucceeded},
+		{"stale peer", Options{AttnTP: 2, TPUnwatched: 1}, false, pluginapi.ResultGroupUnwatched},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, c := newSim(t, tc.o)
@@ -88,8 +91,11 @@ func TestTPNonLeaderWedge(t *testing.T) {
 			}
 			st, resp := prefillFF(s, rid)
 			if !tc.inFlight {
-				if st != 409 || resp.Result != pluginapi.ResultTransferSucceeded {
-					t.Fatalf("force-fail through the leader, the other rank unseen: %d %+v", st, resp)
+				if st != 409 || resp.Result != tc.refusal {
+					t.Fatalf("force-fail through the leader, the other rank unseen: %d %+v, want 409 %s", st, resp, tc.refusal)
+				}
+				if tc.refusal == pluginapi.ResultGroupUnwatched && !reflect.DeepEqual(resp.Ranks, []string{"tp1-cp0"}) {
+					t.Fatalf("group_unwatched names ranks %v, want [tp1-cp0]", resp.Ranks)
 				}
 				if rec := recordOf(t, s, rid); rec.Outcome != OutcomeInflight {
 					t.Fatalf("record %+v", rec)

@@ -252,6 +252,17 @@ class _Tp2:
         # Rank 1 does publish, and says it cannot count: its file is there, fresh, and not believed.
         with open(self.group.publisher.path) as f:
             self.assertIs(json.load(f)["tracking"], False)
+        # So the leader, whose share is sent, can neither fail the room (the group may have sent it in full) nor
+        # promise that SGLang's Success branch releases it (rank 1 still sends).
+        status, body = self.force_fail(reqs[0])
+        if body.get("result") == "unsupported":  # no lever on this release's sender: refused before anything else
+            self.assertEqual(status, 501, body)
+        else:
+            self.assertEqual((status, body.get("result"), body.get("ranks")), (409, "group_unwatched", ["tp1-cp0"]),
+                             body)
+        self.assertEqual(self.poll_name(reqs[0]), "Success", "the leader's Success was overwritten")
+        time.sleep(0.3)
+        self.assertTrue(self.group.queued(0, reqs[0].rid) and self.group.queued(1, reqs[0].rid))
 
 
 class Nixl(_Tp2, unittest.TestCase):

@@ -438,13 +438,15 @@ class Monitor:
         return own + watched, in_flight
 
     def _sent_elsewhere(self, room):
-        """Whether another rank of the group still has a share of this room to send, in flight or waiting in
-        its worker queues (its file, read now).
+        """(whether another rank of the group still has a share of this room to send, in flight or waiting in
+        its worker queues; the other ranks not watched now), from their files, read now.
 
         A room done on this rank is not done on the group: SGLang's pass MIN-reduces
         the polls over the group, so its Success branch waits for every rank.
         """
-        return self.peers is not None and self.peers.sending(room)
+        if self.peers is None:
+            return False, []
+        return self.peers.sending(room)
 
     def _server_extras(self, peer_view):
         """The listing's server fields of this mode alone, after the shared ones."""

@@ -87,7 +87,8 @@ def apply_order(order, queue, capabilities_for, sent_elsewhere=None):
     """Scheduler thread: decides the order against the live inflight queue and applies it.
 
     ``capabilities_for(sender)`` gives the levers that work for that sender's class;
-    ``sent_elsewhere(room)`` whether another rank of the TP/CP group still sends the room.
+    ``sent_elsewhere(room)`` (whether another rank of the TP/CP group still sends the room, the ranks not
+    watched).
     """
     req = next((r for r in queue if getattr(r, "rid", None) == order.rid), None)
     if req is None:
@@ -108,13 +109,18 @@ def fail_request(order, req, capabilities_for, sent_elsewhere=None):
         return refused
 
     poll = observe(sender, room)[0]
+    succeeded = poll != FAILED and (poll == SUCCESS or _status(sender, room) == SUCCESS)
+    sending_elsewhere, unwatched = sent_elsewhere(room) if succeeded and sent_elsewhere else (False, [])
     if poll == FAILED:  # a lever is set, or the status already reads Failed
         result, levers = "already_failed", _levers_set(sender, room, capabilities.levers)
-    elif (poll == SUCCESS or _status(sender, room) == SUCCESS) and not (sent_elsewhere and sent_elsewhere(room)):
+    elif succeeded and not sending_elsewhere:
         # update_status(room, Failed) would overwrite a Success: leave it to the Success branch. Not where
         # another rank of the group still sends the room: SGLang's pass MIN-reduces the polls over the group,
         # so its Success branch waits for that rank (for ever on a wedged one), and SGLang's own abort()
-        # overwrites this rank's Success just so.
+        # overwrites this rank's Success just so. A rank not watched may be sending it or be done: whether
+        # the group succeeded is unknown, so nothing is changed and nothing is promised.
+        if unwatched:
+            return group_unwatched(order.rid, room, unwatched)
         return transfer_succeeded(order.rid, room)
     elif order.dry_run:
         result, levers = "would_flip", list(capabilities.levers)
@@ -212,6 +218,17 @@ def transfer_succeeded(rid, room):
         {"result": "transfer_succeeded", "rid": rid, "bootstrap_room": room,
          "error": f"the KV transfer of bootstrap_room {room} succeeded; nothing was changed and the scheduler's "
                   "Success branch releases the request on its next pass"},
+    )
+
+
+def group_unwatched(rid, room, ranks):
+    return Outcome(
+        409,
+        {"result": "group_unwatched", "rid": rid, "bootstrap_room": room, "ranks": list(ranks),
+         "error": f"this rank sent its share of bootstrap_room {room}, but the plugin cannot see whether ranks "
+                  f"{', '.join(ranks)} of its attention TP/CP group still send theirs (no fresh file of theirs "
+                  "says what their KV manager counts), so whether the request will release itself is unknown; "
+                  "nothing was changed"},
     )
 
 

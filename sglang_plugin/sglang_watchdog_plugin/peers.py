@@ -122,32 +122,39 @@ class Group:
     def read(self, now_unix=None):
         """(ranks watched among the others, room -> outstanding chunks summed over them)."""
         watched, in_flight = 0, {}
-        for body, rooms in self._fresh(now_unix):
+        for _, _, rooms in self._fresh(now_unix):
             watched += 1
             for room, n in rooms.items():
                 in_flight[room] = in_flight.get(room, 0) + n
         return watched, in_flight
 
     def sending(self, room, now_unix=None):
-        """Whether another rank still has a chunk of the room outstanding or waiting in its worker queues."""
-        for body, rooms in self._fresh(now_unix):
+        """(whether another rank still has a chunk of the room outstanding or waiting in its worker queues,
+        the other ranks not watched now as "tp<R>-cp<C>"): a room quiet on the watched ranks is done on the group
+        only if that list is empty."""
+        watched = set()
+        for (tp, cp), body, rooms in self._fresh(now_unix):
             if rooms.get(room, 0) > 0 or (_rooms(body.get("queued")) or {}).get(room, 0) > 0:
-                return True
-        return False
+                return True, []
+            watched.add((tp, cp))
+        return False, [f"tp{tp}-cp{cp}" for tp, cp in self.others if (tp, cp) not in watched]
 
     def _fresh(self, now_unix):
-        """(file body, its in_flight rooms) of every other rank whose fresh file says its manager counts."""
-        now_unix = time.time() if now_unix is None else now_unix
+        """((tp, cp), file body, its in_flight rooms) of every other rank whose fresh file says its manager
+        counts."""
         for tp, cp in self.others:
             body = _read(_file(self.folder, tp, cp))
             if body is None or body.get("tracking") is not True:
                 continue
+            # The age is taken after the read: a file the rank replaced between a clock read and this one
+            # would otherwise come from the future and pass for stale.
+            now = time.time() if now_unix is None else now_unix
             written = body.get("written_unix")
-            if not isinstance(written, (int, float)) or not (0 <= now_unix - written <= FRESH_S):
+            if not isinstance(written, (int, float)) or not (0 <= now - written <= FRESH_S):
                 continue
             rooms = _rooms(body.get("in_flight"))
             if rooms is not None:
-                yield body, rooms
+                yield (tp, cp), body, rooms
 
 
 def _rooms(value):

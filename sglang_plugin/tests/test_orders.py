@@ -85,13 +85,26 @@ class ApplyOrderTest(unittest.TestCase):
         rank still sends is failed as SGLang's abort() fails it; a room no other rank sends is still refused."""
         sender = standins.MooncakeKVSender(self.mgr, 11, status=KVPoll.Success)
         req = [standins.Req("t", 11, sender)]
-        refused = orders.apply_order(order("t", 11), req, levers_of, lambda room: False)
+        refused = orders.apply_order(order("t", 11), req, levers_of, lambda room: (False, []))
         self.assertEqual((refused.status, refused.body["result"]), (409, "transfer_succeeded"))
         asked = []
-        outcome = orders.apply_order(order("t", 11), req, levers_of, lambda room: asked.append(room) or True)
+        outcome = orders.apply_order(order("t", 11), req, levers_of,
+                                     lambda room: asked.append(room) or (True, ["tp3-cp0"]))
         self.assertEqual((outcome.status, outcome.body["result"]), (200, "flipped"), outcome.body)
         self.assertEqual(asked, [11])
         self.assertEqual(sender.poll(), KVPoll.Failed)
+
+    def test_success_here_with_a_rank_unwatched_is_refused_without_a_promise(self):
+        """A rank whose file is missing or stale may still send the room, or be done: the plugin neither flips a
+        room that may have succeeded on the group nor says the Success branch will release it."""
+        sender = standins.NixlKVSender(self.mgr, 12, status=KVPoll.Success)
+        refused = orders.apply_order(order("u", 12), [standins.Req("u", 12, sender)], levers_of,
+                                     lambda room: (False, ["tp1-cp0"]))
+        self.assertEqual((refused.status, refused.body["result"], refused.body["ranks"]),
+                         (409, "group_unwatched", ["tp1-cp0"]))
+        self.assertIn("tp1-cp0", refused.body["error"])
+        self.assertEqual(sender.poll(), KVPoll.Success)
+        self.assertEqual(self.mgr.request_status[12], KVPoll.Success)
 
     def test_health_checks_and_warm_ups_are_refused(self):
         fake = standins.FakeKVSender(standins.FakeKVManager())

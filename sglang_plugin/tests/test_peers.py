@@ -49,8 +49,27 @@ class PeerFilesTest(unittest.TestCase):
         peers.Publisher(self.folder, ident, manager).publish()
         group = peers.Group(self.folder, self.leader)
         self.assertEqual(group.read(), (1, {}))
-        self.assertTrue(group.sending(11))
-        self.assertFalse(group.sending(12))
+        self.assertEqual(group.sending(11), (True, []))
+        self.assertEqual(group.sending(12), (False, ["tp2-cp0"]), "rank 2 never published: it may be sending 12")
+
+    def test_a_file_replaced_while_it_is_read_is_fresh(self):
+        """A rank rewrites its file every 0.25 s; a leader whose thread lost the CPU between reading the clock
+        and reading the file met a file written after that clock and took it for stale (seen in CI, where the
+        leader then answered transfer_succeeded for a room rank 1 still sent)."""
+        self.publish(1, {7: 1})
+        self.publish(2, {})
+        group = peers.Group(self.folder, self.leader)
+        read = peers._read
+
+        def republished_then_read(path):
+            time.sleep(0.01)
+            self.publish(int(path.rsplit("rank-tp", 1)[1].split("-")[0]), {7: 1})
+            return read(path)
+
+        with mock.patch.object(peers, "_read", republished_then_read):
+            self.assertEqual(group.read(), (2, {7: 2}))
+            self.assertEqual(group.sending(7), (True, []))
+            self.assertEqual(group.sending(8), (False, []))
 
     def test_missing_stale_untracked_or_corrupt_ranks_are_not_watched(self):
         group = peers.Group(self.folder, self.leader)
