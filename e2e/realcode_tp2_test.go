@@ -178,3 +178,47 @@ func realCodeTP2Scene(t *testing.T, src, backend string, room uint64) {
 	}
 	t.Logf("%s: TP2 scene in %s", backend, time.Since(started).Round(10*time.Millisecond))
 }
+
+// TestRealCodeTP2SlowNonLeaderChunk: rank 0 sends its share of a room at
+// once, rank 1's takes 9 s (a slow link, healthy), past the 6 s deadline
+// plus the 2 s stall window. SGLang's MIN poll holds the room in both
+// inflight queues meanwhile, with nothing of it on the leader's worker
+// (whose transfer info for the room SGLang dropped: its queue is listed
+// null). The watchdog judges rank 1's chunk by rank 1's worker as the
+// leader publishes it (its speed unknown: twice the deadline), and SGLang
+// releases the request as sent.
+func TestRealCodeTP2SlowNonLeaderChunk(t *testing.T) {
+	src := sglangSource(t, realCodeRelease)
+	tok := tokenFile(t, "realcode-tp2-slow-token")
+	srv := startRealCodeServer(t, src, sglangsim.BackendNIXL, tok, "--attn-tp", "2")
+	wd := startWatchdog(t, "--plugin.url="+srv.pluginURL, "--plugin.token-file="+tok,
+		"--sglang.metrics-url="+srv.control+"/metrics", "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
+		"--watchdog.deadline=6s", "--watchdog.stall-window=2s", "--force-fail.mode=auto",
+		"--force-fail.confirm-timeout=20s")
+
+	const room = 9401
+	rid := fmt.Sprintf("slow-%d", room)
+	srv.admitTP2(t, rid, room, "complete", "slow:9")
+	waitFor(t, "SGLang to release the request on both ranks", 60*time.Second, func() bool {
+		for _, rk := range srv.tp2State(t).Ranks {
+			if len(rk.Released) < 1 {
+				return false
+			}
+		}
+		return true
+	})
+	st := srv.tp2State(t)
+	if len(st.Errors) > 0 {
+		t.Errorf("SGLang's pass raised (a real scheduler would have died): %v", st.Errors)
+	}
+	for i, rk := range st.Ranks {
+		for _, r := range rk.Released {
+			if r.Reason == "FINISH_ABORT" {
+				t.Errorf("rank %d released %s with %s: a healthy slow chunk of the non-leader rank was failed", i, r.RID, r.Reason)
+			}
+		}
+	}
+	if n := sumSamples(t, wd.metrics(t), "sglang_watchdog_force_fails_total"); n != 0 {
+		t.Errorf("the watchdog made %v force-fail attempts, want none: the transfer was live", n)
+	}
+}

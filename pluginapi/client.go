@@ -240,6 +240,8 @@ type wireListing struct {
 	// Round 4; nil when absent or null.
 	TransferWorkers []TransferWorker  `json:"transfer_workers"`
 	WedgeOrders     []WedgeOrderState `json:"wedge_orders"`
+	// Round 5; nil when absent or null.
+	PeerTransferWorkers []PeerWorkers `json:"peer_transfer_workers"`
 }
 
 var validPoll = map[string]bool{
@@ -291,10 +293,26 @@ func DecodeListing(body []byte) (*Listing, error) {
 		if r.ChunksQueued != nil && *r.ChunksQueued < 0 {
 			return nil, fmt.Errorf("inflight[%d] (rid %q) has chunks_queued %d, want >= 0 or null", i, r.RID, *r.ChunksQueued)
 		}
+		if r.PeerChunksQueued != nil && *r.PeerChunksQueued < 0 {
+			return nil, fmt.Errorf("inflight[%d] (rid %q) has peer_chunks_queued %d, want >= 0 or null", i, r.RID, *r.PeerChunksQueued)
+		}
 	}
 	for i := range w.TransferWorkers {
 		if err := validateWorker(&w.TransferWorkers[i], w.Server.TransferQueues); err != nil {
 			return nil, fmt.Errorf("transfer_workers[%d] %w", i, err)
+		}
+	}
+	ranks := make(map[string]bool, len(w.PeerTransferWorkers))
+	for i := range w.PeerTransferWorkers {
+		p := &w.PeerTransferWorkers[i]
+		if p.Rank == "" || ranks[p.Rank] {
+			return nil, fmt.Errorf("peer_transfer_workers[%d] has rank %q, want a name of its own (tp<R>-cp<C>)", i, p.Rank)
+		}
+		ranks[p.Rank] = true
+		for j := range p.TransferWorkers {
+			if err := validateWorker(&p.TransferWorkers[j], w.Server.TransferQueues); err != nil {
+				return nil, fmt.Errorf("peer_transfer_workers[%d] (rank %s) transfer_workers[%d] %w", i, p.Rank, j, err)
+			}
 		}
 	}
 	for i, o := range w.WedgeOrders {
@@ -316,16 +334,17 @@ func DecodeListing(body []byte) (*Listing, error) {
 		}
 	}
 	return &Listing{
-		APIVersion:        *w.APIVersion,
-		Server:            *w.Server,
-		NowUnix:           w.NowUnix,
-		Loop:              *w.Loop,
-		Queues:            w.Queues,
-		Inflight:          rooms,
-		OrphanedTransfers: w.OrphanedTransfers,
-		DecodeRequests:    w.DecodeRequests,
-		TransferWorkers:   w.TransferWorkers,
-		WedgeOrders:       w.WedgeOrders,
+		APIVersion:          *w.APIVersion,
+		Server:              *w.Server,
+		NowUnix:             w.NowUnix,
+		Loop:                *w.Loop,
+		Queues:              w.Queues,
+		Inflight:            rooms,
+		OrphanedTransfers:   w.OrphanedTransfers,
+		DecodeRequests:      w.DecodeRequests,
+		TransferWorkers:     w.TransferWorkers,
+		WedgeOrders:         w.WedgeOrders,
+		PeerTransferWorkers: w.PeerTransferWorkers,
 	}, nil
 }
 

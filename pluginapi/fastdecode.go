@@ -249,7 +249,8 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 		// A repeated object or array would be merged by encoding/json;
 		// leave such bodies to it.
 		switch string(key) {
-		case "server", "loop", "inflight", "orphaned_transfers", "decode_requests", "transfer_workers", "wedge_orders":
+		case "server", "loop", "inflight", "orphaned_transfers", "decode_requests", "transfer_workers", "wedge_orders",
+			"peer_transfer_workers":
 			if !d.once(string(key)) {
 				return false
 			}
@@ -308,6 +309,8 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 			w.TransferWorkers, ok = d.transferWorkers()
 		case "wedge_orders":
 			w.WedgeOrders, ok = d.wedgeOrders()
+		case "peer_transfer_workers":
+			w.PeerTransferWorkers, ok = d.peerWorkers()
 		}
 		return ok
 	}
@@ -408,6 +411,8 @@ func (d *fastDecoder) rooms() ([]Room, bool) {
 				r.TransferQueue, ok = d.intPtr()
 			case "chunks_queued":
 				r.ChunksQueued, ok = d.intPtr()
+			case "peer_chunks_queued":
+				r.PeerChunksQueued, ok = d.intPtr()
 			}
 			return ok
 		})
@@ -419,6 +424,28 @@ func (d *fastDecoder) rooms() ([]Room, bool) {
 		}
 		return rooms, d.consume(']')
 	}
+}
+
+func (d *fastDecoder) peerWorkers() ([]PeerWorkers, bool) {
+	out := []PeerWorkers{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, PeerWorkers{})
+		p := &out[len(out)-1]
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "rank":
+				p.Rank, ok = d.str()
+			case "transfer_workers":
+				p.TransferWorkers, ok = d.transferWorkers()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
 }
 
 func (d *fastDecoder) orphans() ([]OrphanedTransfer, bool) {

@@ -33,6 +33,9 @@ func FuzzDecodeWireFast(f *testing.F) {
 	f.Add([]byte(`{"api_version":1,"server":{"transfer_progress":null,"transfer_progress":true},"loop":{},"inflight":[{"rid":"a","poll":"Failed","chunks_queued":null,"chunks_queued":2}],"transfer_workers":null,"wedge_orders":null}`))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"transfer_workers":[{"in_flight":null,"recent":null},{"recent":[[1,2],[1e3,0.5]],"in_flight":{"chunk":3,"chunk":4}}],"wedge_orders":[]}`))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"transfer_workers":[{"recent":[[1]]},{"recent":[[1,2,3]]}],"transfer_workers":[]}`))
+	// Round 5: the other ranks' workers and queued chunks.
+	f.Add([]byte(round5Listing))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","poll":"Success","peer_chunks_queued":null}],"peer_transfer_workers":[{"rank":"tp1-cp0","transfer_workers":null},{"transfer_workers":[]}]}`))
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
 	for _, p := range files {
 		if b, err := os.ReadFile(p); err == nil {

@@ -122,6 +122,19 @@ type Listing struct {
 	// WedgeOrders lists the standing wedge orders (round 4); nil on older
 	// plugins.
 	WedgeOrders []WedgeOrderState `json:"wedge_orders"`
+	// PeerTransferWorkers lists, on the leader of an attention TP/CP
+	// group, the transfer workers of each other rank it watches (round 5);
+	// nil where the plugin reports none.
+	PeerTransferWorkers []PeerWorkers `json:"peer_transfer_workers,omitempty"`
+}
+
+// PeerWorkers is one other rank of the leader's attention TP/CP group and
+// its transfer workers, as that rank last published them (round 5).
+// Seconds of a chunk in flight are as of that publication, up to 2 s old,
+// so they err on the young side.
+type PeerWorkers struct {
+	Rank            string           `json:"rank"` // tp<R>-cp<C>
+	TransferWorkers []TransferWorker `json:"transfer_workers"`
 }
 
 // TransferWorker is one transfer queue and the worker that serves it
@@ -285,6 +298,10 @@ type Room struct {
 	// ChunksQueued counts this room's chunks waiting in its transfer queue
 	// (round 4); nil where the plugin does not report it.
 	ChunksQueued *int `json:"chunks_queued"`
+	// PeerChunksQueued counts this room's chunks waiting in the worker
+	// queues of the other watched ranks of its attention TP/CP group
+	// (round 5); nil where not reported.
+	PeerChunksQueued *int `json:"peer_chunks_queued,omitempty"`
 }
 
 // ForceFailRequest is the body of POST /admin/force_fail.

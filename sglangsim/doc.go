@@ -349,7 +349,12 @@
 // transfer_in_flight is true when the leader or any watched peer has a
 // chunk of it outstanding; a watched peer's orphan is added to the
 // leader's entry for the room or listed with no transfer_queue. The
-// leader's transfer_workers and wedge orders are the leader's alone.
+// leader's transfer_workers and wedge orders are the leader's alone; the
+// listing also carries each watched peer's transfer workers
+// (peer_transfer_workers, "tp<R>-cp0") and each room's chunks queued on
+// them (peer_chunks_queued), so the watchdog judges a chunk a peer holds
+// by that peer's own worker and link (none where no manager keeps the
+// count).
 // Options.LeaderOnlyView lists what the watchdog read up to round 4: the
 // leader alone, transfer_ranks and transfer_ranks_watched 1, as if it
 // were the only writer; it exists to measure that hazard. Decode (below)

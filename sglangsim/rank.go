@@ -1377,9 +1377,14 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		OrphanedTransfers: []pluginapi.OrphanedTransfer{},
 	}
 	if round4 {
-		// Played up to now first, so that the rooms' chunks_queued below
-		// agree with the workers.
-		l.TransferWorkers = r.transferWorkers(now)
+		// Played up to now first, so that the rooms' chunks_queued and
+		// peer_chunks_queued below agree with the workers. round4 implies
+		// worker queues, so a manager keeps the count on every peer listed.
+		l.TransferWorkers = r.transferWorkersOf(&r.xfer, now)
+		for i, x := range peers {
+			l.PeerTransferWorkers = append(l.PeerTransferWorkers, pluginapi.PeerWorkers{
+				Rank: peerName(1 + i), TransferWorkers: r.transferWorkersOf(x, now)})
+		}
 	}
 	if !s.opts.PreRound4Plugin {
 		l.WedgeOrders = r.wedgeOrderStates(now)
@@ -1409,6 +1414,13 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		}
 		if round4 && !q.fake {
 			rm.ChunksQueued = intPtr(sd.chunksQueued())
+			if len(peers) > 0 {
+				n := 0
+				for _, peer := range q.tp[r.pp][1 : 1+len(peers)] {
+					n += peer.chunksQueued()
+				}
+				rm.PeerChunksQueued = &n
+			}
 		}
 		l.Inflight[i] = rm
 	}
@@ -1481,10 +1493,14 @@ func (r *rank) unwatchedPeers(s *Sim) []string {
 	}
 	var names []string
 	for tp := first; tp < s.opts.AttnTP; tp++ {
-		names = append(names, "tp"+strconv.Itoa(tp)+"-cp0")
+		names = append(names, peerName(tp))
 	}
 	return names
 }
+
+// peerName is the plugin's name of attention-TP rank tp (no context
+// parallelism here).
+func peerName(tp int) string { return "tp" + strconv.Itoa(tp) + "-cp0" }
 
 func intPtr(v int) *int { return &v }
 

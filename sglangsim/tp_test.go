@@ -1,7 +1,9 @@
 package sglangsim
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"reflect"
 	"testing"
 	"time"
@@ -184,5 +186,99 @@ func TestTPOtherRankChunkSettles(t *testing.T) {
 	run(s, c, 10*time.Second, 100*time.Millisecond)
 	if o, ok := orphanOf(s.Listing(0), rm); ok {
 		t.Fatalf("the chunk never settled: %+v", o)
+	}
+}
+
+// TestTPPeerTransferWorkers: a handle hung on the non-leader rank only.
+// The leader lists that rank's workers apart from its own, so the chunk in
+// flight shows on the peer's worker for the room's queue, held longer with
+// every listing, and not on the leader's.
+func TestTPPeerTransferWorkers(t *testing.T) {
+	s, c := newSim(t, Options{AttnTP: 2})
+	rid, rm := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{1}, DecodePort: 17002,
+		Transfer: 2 * time.Second, PromptTokens: 4096})
+	run(s, c, 30*time.Second, 100*time.Millisecond)
+	l := s.Listing(0)
+	r, ok := room(l, rid)
+	if !ok || r.TransferQueue == nil || r.PeerChunksQueued == nil {
+		t.Fatalf("listed %+v %v, want the room with its queue and peer_chunks_queued", r, ok)
+	}
+	qi := *r.TransferQueue
+	if len(l.PeerTransferWorkers) != 1 || l.PeerTransferWorkers[0].Rank != "tp1-cp0" {
+		t.Fatalf("peer_transfer_workers %+v, want tp1-cp0 alone", l.PeerTransferWorkers)
+	}
+	held := l.PeerTransferWorkers[0].TransferWorkers[qi].InFlight
+	if held == nil || held.BootstrapRoom != rm {
+		t.Fatalf("tp1-cp0's worker %d holds %+v, want a chunk of room %d", qi, held, rm)
+	}
+	if own := l.TransferWorkers[qi].InFlight; own != nil && own.BootstrapRoom == rm {
+		t.Fatalf("the leader's worker %d holds %+v, whose handle is not hung", qi, own)
+	}
+	run(s, c, 5*time.Second, 100*time.Millisecond)
+	later := s.Listing(0).PeerTransferWorkers[0].TransferWorkers[qi].InFlight
+	if later == nil || later.BootstrapRoom != rm || later.Chunk != held.Chunk || later.Seconds < held.Seconds+4.9 {
+		t.Fatalf("5 s later tp1-cp0's worker %d holds %+v, was %+v", qi, later, held)
+	}
+}
+
+// TestTPPeerChunksQueued: room B waits on the non-leader rank behind a
+// handle hung there, while the leader's worker sent all of it. Its chunks
+// are queued on the peer, not on the leader.
+func TestTPPeerChunksQueued(t *testing.T) {
+	s, c := newSim(t, Options{AttnTP: 2})
+	s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{1}, DecodePort: 17001,
+		Transfer: 2 * time.Second, Bootstrap: time.Millisecond})
+	run(s, c, time.Second, 100*time.Millisecond)
+	rid, _ := s.Submit(RequestSpec{DecodePort: 17001, Transfer: 2 * time.Second, PromptTokens: 4096})
+	run(s, c, 10*time.Second, 100*time.Millisecond)
+	b, ok := room(s.Listing(0), rid)
+	if !ok {
+		t.Fatalf("the room behind the peer's hung handle left the inflight queue: %+v", recordOf(t, s, rid))
+	}
+	if b.ChunksQueued == nil || *b.ChunksQueued != 0 || b.PeerChunksQueued == nil || *b.PeerChunksQueued < 1 {
+		t.Fatalf("listed %+v, want no chunk queued on the leader and some on the peer", b)
+	}
+}
+
+// TestTPPeerWorkersUnlisted: no peer's workers and no peer_chunks_queued
+// where the leader watches no peer (one rank, a stale peer, the
+// leader-only view) or no manager keeps the count (mid-2025 NIXL); with
+// one rank the listing is as before round 5.
+func TestTPPeerWorkersUnlisted(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		o       Options
+		pins    []int
+		workers bool // the leader's own transfer_workers are listed
+	}{
+		{"one rank", Options{}, nil, true},
+		{"stale peer", Options{AttnTP: 2, TPUnwatched: 1}, []int{1}, true},
+		{"leader-only view", Options{AttnTP: 2, LeaderOnlyView: true}, []int{1}, true},
+		{"mid-2025 NIXL", Options{AttnTP: 2, LeverEra: LeversNIXLMid2025}, []int{1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := newSim(t, tc.o)
+			rid, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: tc.pins, DecodePort: 17002,
+				Transfer: 2 * time.Second, PromptTokens: 4096})
+			run(s, c, 10*time.Second, 100*time.Millisecond)
+			l := s.Listing(0)
+			r, ok := room(l, rid)
+			if !ok {
+				t.Fatalf("the room left the inflight queue: %+v", recordOf(t, s, rid))
+			}
+			if (l.TransferWorkers != nil) != tc.workers {
+				t.Fatalf("transfer_workers %+v, want listed: %v", l.TransferWorkers, tc.workers)
+			}
+			if l.PeerTransferWorkers != nil || r.PeerChunksQueued != nil {
+				t.Fatalf("peer_transfer_workers %+v, peer_chunks_queued %v, want neither", l.PeerTransferWorkers, r.PeerChunksQueued)
+			}
+			b, err := json.Marshal(l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(b, []byte(`"peer_`)) {
+				t.Fatalf("the listing names a peer field: %s", b)
+			}
+		})
 	}
 }

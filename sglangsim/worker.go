@@ -247,13 +247,13 @@ func (x *xfer) settleOrphan(sd *sender, at time.Time) {
 	sd.orphanUntil = at
 }
 
-// transferWorkers lists every worker of this rank at now (round 4).
-// Callers hold r.mu.
-func (r *rank) transferWorkers(now time.Time) []pluginapi.TransferWorker {
+// transferWorkersOf lists every worker of x, the leader's or a peer's, at
+// now (round 4). Callers hold r.mu.
+func (r *rank) transferWorkersOf(x *xfer, now time.Time) []pluginapi.TransferWorker {
 	out := make([]pluginapi.TransferWorker, TransferQueues)
-	for qi := range r.workers {
-		r.runWorker(qi, now)
-		w := &r.workers[qi]
+	for qi := range x.workers {
+		r.run(x, qi, now)
+		w := &x.workers[qi]
 		tw := pluginapi.TransferWorker{TransferQueue: qi, Tracked: true, ChunksTaken: w.taken,
 			Recent: make([][2]float64, 0, w.nRecent)}
 		for _, sd := range w.fifo {

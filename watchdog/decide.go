@@ -68,6 +68,12 @@ func stalled(r *roomState, rk *rankState, now time.Time, cfg *Config, deadline t
 //     for its size at the link's measured speed (chunkOverdue);
 //   - its chunks wait in the queue: not stuck by itself, it waits behind
 //     its worker (a wedge of that worker is handled by a wedge order);
+//   - with attention TP/CP, the same on the other ranks of the group,
+//     whose shares SGLang's MIN poll waits for: a chunk another rank holds
+//     is judged by that rank's worker and link, a chunk queued there waits
+//     (a wedge there has no wedge order: only a restart clears it), and a
+//     chunk in flight on a rank whose worker is not listed gets the stall
+//     rule with twice the deadline, as an untracked worker here does;
 //   - nothing in flight nor queued (a silent pin: the status resurrected to
 //     Transferring, an abort race): the stall rule, counted from the last
 //     transfer activity seen for the room;
@@ -75,19 +81,39 @@ func stalled(r *roomState, rk *rankState, now time.Time, cfg *Config, deadline t
 //     so in_flight proves nothing): the stall rule with twice the deadline.
 func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) bool {
 	ws := rk.workers[r.queue]
-	if ws == nil || !ws.tracked {
+	// On SGLang v0.5.18 NIXL the leader drops the room's transfer info once
+	// its share is sent, so its queue is unknown while a peer still sends.
+	own := ws != nil && ws.tracked
+	young := r.age < cfg.Deadline.Seconds() || !rk.loopAdvancing
+	switch {
+	case own && young:
+		return false
+	case own && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room:
+		return chunkOverdue(ws, now, cfg)
+	case own && r.chunksQueued > 0, r.peerChunksQueued > 0:
+		return false
+	case r.peerChunks != "":
+		_, _, pw := overduePeerChunk(room, rk, now, cfg)
+		return !young && pw != nil
+	case !own || (r.inFlightKnown && r.inFlight):
 		return stalled(r, rk, now, cfg, 2*cfg.Deadline)
 	}
-	if r.age < cfg.Deadline.Seconds() || !rk.loopAdvancing {
-		return false
-	}
-	switch {
-	case ws.inFlight != nil && ws.inFlight.BootstrapRoom == room:
-		return chunkOverdue(ws, now, cfg)
-	case r.chunksQueued > 0:
-		return false
-	}
 	return stalled(r, rk, now, cfg, cfg.Deadline)
+}
+
+// overduePeerChunk finds a chunk of the room that another rank of the
+// group holds past its allowance at that rank's own link speed: its rank,
+// queue and worker, or a nil worker. One such chunk is enough: SGLang's
+// MIN poll waits for every rank, so the room never ends while it hangs.
+func overduePeerChunk(room uint64, rk *rankState, now time.Time, cfg *Config) (string, int, *workerState) {
+	for rank, workers := range rk.peerWorkers {
+		for q, ws := range workers {
+			if ws.inFlight != nil && ws.inFlight.BootstrapRoom == room && chunkOverdue(ws, now, cfg) {
+				return rank, q, ws
+			}
+		}
+	}
+	return "", 0, nil
 }
 
 // Link speed estimates (docs/runbook.md, "Transfer liveness").

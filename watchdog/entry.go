@@ -20,8 +20,10 @@ type entry struct {
 	inFlight *bool
 	queue    *int
 	tracked  bool
-	// chunksQueued is the room's chunks_queued (round 4), 0 when unknown.
-	chunksQueued int
+	// chunksQueued is the room's chunks_queued (round 4), 0 when unknown;
+	// peerChunksQueued its peer_chunks_queued (round 5), likewise.
+	chunksQueued     int
+	peerChunksQueued int
 	// Decode only.
 	dqueue        string
 	started       bool
@@ -59,6 +61,9 @@ func entries(l *pluginapi.Listing) []entry {
 			health: r.HealthCheck, prompt: r.PromptTokens, inFlight: r.TransferInFlight, queue: r.TransferQueue, tracked: tracked}
 		if r.ChunksQueued != nil {
 			out[i].chunksQueued = *r.ChunksQueued
+		}
+		if r.PeerChunksQueued != nil {
+			out[i].peerChunksQueued = *r.PeerChunksQueued
 		}
 	}
 	return out

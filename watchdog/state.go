@@ -43,6 +43,10 @@ type roomState struct {
 	// queue (0 when unknown). A change of either is transfer activity.
 	chunk        int64
 	chunksQueued int
+	// Round 5, attention TP/CP > 1: its chunks waiting in the other
+	// ranks' queues, and the peer chunks of it in flight (peerHeld).
+	peerChunksQueued int
+	peerChunks       string
 	// Decode requests only: the decode queue (prealloc, transfer) and
 	// whether a transfer into the request's pages may have begun (unknown
 	// counts as started).
@@ -204,6 +208,12 @@ type rankState struct {
 	// judged by their transfer workers (progressRoomStuck).
 	progress bool
 	workers  map[int]*workerState
+	// peerWorkers are the transfer workers of the other ranks of the
+	// leader's attention TP/CP group, by rank name (round 5); a chunk one
+	// of them holds is judged by that rank's own worker and link.
+	// peerHeld names, per room, the peer chunks of it in flight.
+	peerWorkers map[string]map[int]*workerState
+	peerHeld    map[uint64]string
 	// orders holds the wedge orders of this process by queue; an entry
 	// lives as long as the queue's wedge. closing holds the orders whose
 	// wedge cleared, for one last call that reports the rooms they failed

@@ -239,6 +239,8 @@ func New(cfg Config) (*Watchdog, error) {
 			orphans:     map[uint64]*orphanState{},
 			queueChange: map[int]time.Time{},
 			workers:     map[int]*workerState{},
+			peerWorkers: map[string]map[int]*workerState{},
+			peerHeld:    map[uint64]string{},
 			orders:      map[int]*wedgeOrder{},
 			departed:    map[roomKey]*roomState{},
 		})
@@ -546,7 +548,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.listed = true
 
 	rk.progress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
-	observeWorkers(rk, l.TransferWorkers, now)
+	observeWorkers(rk, l.TransferWorkers, l.PeerTransferWorkers, now)
 
 	rk.cycle++
 	limitHit := false
@@ -561,7 +563,8 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 				continue
 			}
 			r = &roomState{firstSeen: now, lastChange: now, iterAtChange: l.Loop.Iterations, poll: lr.poll, progress: lr.progress,
-				dqueue: lr.dqueue, started: lr.started, chunk: rk.chunkOf(lr), chunksQueued: lr.chunksQueued}
+				dqueue: lr.dqueue, started: lr.started, chunk: rk.chunkOf(lr), chunksQueued: lr.chunksQueued,
+				peerChunksQueued: lr.peerChunksQueued, peerChunks: rk.peerHeld[lr.room]}
 			rk.rooms[key] = r
 			w.tracked++
 		} else if r.poll != lr.poll || r.progress != lr.progress || r.dqueue != lr.dqueue || r.started != lr.started {
@@ -583,13 +586,15 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 				rk.queueChange[r.queue] = now
 			}
 		}
-		chunk := rk.chunkOf(lr)
-		if ok && (chunk != r.chunk || lr.chunksQueued != r.chunksQueued) {
-			// So is a chunk of the room taken up, finished or queued.
+		chunk, peerChunks := rk.chunkOf(lr), rk.peerHeld[lr.room]
+		if ok && (chunk != r.chunk || lr.chunksQueued != r.chunksQueued || peerChunks != r.peerChunks || lr.peerChunksQueued != r.peerChunksQueued) {
+			// So is a chunk of the room taken up, finished or queued, on
+			// any rank of the group.
 			r.lastChange = now
 			r.iterAtChange = l.Loop.Iterations
 		}
 		r.chunk, r.chunksQueued = chunk, lr.chunksQueued
+		r.peerChunks, r.peerChunksQueued = peerChunks, lr.peerChunksQueued
 		r.inFlightKnown, r.inFlight = inFlightKnown, inFlight
 		r.queue = queueIndex(lr.queue)
 		if _, ok := rk.queueChange[r.queue]; !ok && r.queue != unknownQueue {
@@ -639,21 +644,49 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	return w.evaluateRank(rk, now)
 }
 
-// observeWorkers folds a listing's transfer_workers into the rank's state
-// and refreshes each queue's link speed estimate. A rank without
-// transfer_progress keeps none.
-func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, now time.Time) {
+// observeWorkers folds a listing's transfer_workers, and those of the
+// other ranks of its attention TP/CP group, into the rank's state, and
+// refreshes each queue's link speed estimate from its own rank's chunks.
+// A rank without transfer_progress keeps none.
+func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pluginapi.PeerWorkers, now time.Time) {
+	clear(rk.peerHeld)
 	if !rk.progress {
 		clear(rk.workers)
+		clear(rk.peerWorkers)
 		return
 	}
+	observeRankWorkers(rk.workers, listed, now)
+	seen := make(map[string]bool, len(peers))
+	for _, p := range peers {
+		seen[p.Rank] = true
+		workers := rk.peerWorkers[p.Rank]
+		if workers == nil {
+			workers = map[int]*workerState{}
+			rk.peerWorkers[p.Rank] = workers
+		}
+		observeRankWorkers(workers, p.TransferWorkers, now)
+		for _, tw := range p.TransferWorkers {
+			if c := tw.InFlight; c != nil && tw.Tracked {
+				rk.peerHeld[c.BootstrapRoom] += fmt.Sprintf("%s/%d/%d;", p.Rank, tw.TransferQueue, c.Chunk)
+			}
+		}
+	}
+	for name := range rk.peerWorkers {
+		if !seen[name] {
+			delete(rk.peerWorkers, name)
+		}
+	}
+}
+
+// observeRankWorkers folds one rank's transfer_workers into workers.
+func observeRankWorkers(workers map[int]*workerState, listed []pluginapi.TransferWorker, now time.Time) {
 	seen := make(map[int]bool, len(listed))
 	for i := range listed {
 		tw := &listed[i]
-		ws := rk.workers[tw.TransferQueue]
+		ws := workers[tw.TransferQueue]
 		if ws == nil {
 			ws = &workerState{}
-			rk.workers[tw.TransferQueue] = ws
+			workers[tw.TransferQueue] = ws
 		}
 		seen[tw.TransferQueue] = true
 		ws.tracked = tw.Tracked
@@ -669,13 +702,13 @@ func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, now time.T
 			ws.recent = append(ws.recent[:0], tw.Recent...)
 		}
 	}
-	for q := range rk.workers {
+	for q := range workers {
 		if !seen[q] {
-			delete(rk.workers, q)
+			delete(workers, q)
 		}
 	}
-	for q, ws := range rk.workers {
-		ws.speed, ws.speedKnown = linkSpeed(rk.workers, q)
+	for q, ws := range workers {
+		ws.speed, ws.speedKnown = linkSpeed(workers, q)
 	}
 }
 
@@ -742,6 +775,10 @@ func stuckReason(room uint64, r *roomState, rk *rankState, now time.Time, cfg *C
 	if ws := rk.workers[r.queue]; rk.progress && r.dqueue == "" && ws != nil && ws.tracked && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room {
 		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d, past its allowance of %s", ws.inFlight.Chunk, ws.inFlight.Pages,
 			ws.inFlight.Seconds, r.queue, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second))
+	}
+	if rank, q, ws := overduePeerChunk(room, rk, now, cfg); ws != nil && rk.progress && r.dqueue == "" {
+		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d of rank %s, past its allowance of %s at that rank's link speed",
+			ws.inFlight.Chunk, ws.inFlight.Pages, ws.inFlight.Seconds, q, rank, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second))
 	}
 	return fmt.Sprintf("no change of poll, progress or transfer for %s while the scheduler loop ran", now.Sub(r.lastChange).Round(time.Second))
 }

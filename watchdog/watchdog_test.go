@@ -34,7 +34,9 @@ type fakePlugin struct {
 	// Round 4: the listing's transfer_workers (server.TransferProgress
 	// says whether it reports them), and POST /admin/wedge_order; nil
 	// orderAnswer plays the plugin (fakePlugin.wedgeOrder).
-	workers     []pluginapi.TransferWorker
+	workers []pluginapi.TransferWorker
+	// Round 5: peer_transfer_workers, the other ranks' workers.
+	peers       []pluginapi.PeerWorkers
 	orderAnswer func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error)
 	orders      []pluginapi.WedgeOrderRequest
 	readHook
@@ -82,17 +84,28 @@ func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {
 	if !f.freezeLoop {
 		f.iterations += 100
 	}
-	var workers []pluginapi.TransferWorker
-	for _, tw := range f.workers {
+	var peers []pluginapi.PeerWorkers
+	for _, p := range f.peers {
+		peers = append(peers, pluginapi.PeerWorkers{Rank: p.Rank, TransferWorkers: copyWorkers(p.TransferWorkers)})
+	}
+	return &pluginapi.Listing{APIVersion: 1, Server: f.server, Loop: pluginapi.Loop{Iterations: f.iterations},
+		Queues: pluginapi.Queues{Inflight: len(f.rooms)}, Inflight: append([]pluginapi.Room(nil), f.rooms...),
+		OrphanedTransfers: append([]pluginapi.OrphanedTransfer(nil), f.orphans...), TransferWorkers: copyWorkers(f.workers),
+		PeerTransferWorkers: peers}, nil
+}
+
+// copyWorkers copies workers and the chunks they hold, as a listing is a
+// moment of the plugin's state.
+func copyWorkers(workers []pluginapi.TransferWorker) []pluginapi.TransferWorker {
+	var out []pluginapi.TransferWorker
+	for _, tw := range workers {
 		if tw.InFlight != nil {
 			c := *tw.InFlight
 			tw.InFlight = &c
 		}
-		workers = append(workers, tw)
+		out = append(out, tw)
 	}
-	return &pluginapi.Listing{APIVersion: 1, Server: f.server, Loop: pluginapi.Loop{Iterations: f.iterations},
-		Queues: pluginapi.Queues{Inflight: len(f.rooms)}, Inflight: append([]pluginapi.Room(nil), f.rooms...),
-		OrphanedTransfers: append([]pluginapi.OrphanedTransfer(nil), f.orphans...), TransferWorkers: workers}, nil
+	return out
 }
 
 func (f *fakePlugin) ForceFail(_ context.Context, req pluginapi.ForceFailRequest) (int, *pluginapi.ForceFailResponse, error) {
@@ -138,6 +151,13 @@ func (f *fakePlugin) age(d time.Duration) {
 	for i := range f.workers {
 		if c := f.workers[i].InFlight; c != nil {
 			c.Seconds += d.Seconds()
+		}
+	}
+	for _, p := range f.peers {
+		for i := range p.TransferWorkers {
+			if c := p.TransferWorkers[i].InFlight; c != nil {
+				c.Seconds += d.Seconds()
+			}
 		}
 	}
 }

@@ -118,6 +118,16 @@ class _Tp2:
             "the leader to list the room in flight with both ranks watched")
         self.assertEqual(listing["server"]["transfer_ranks"], 2)
         self.assertTrue(listing["server"]["transfer_tracking"])
+        # Rank 1's worker, as rank 1 published it: the watchdog judges the hung chunk by rank 1's worker and link.
+        listing = self.eventually(lambda l: any(
+            w["in_flight"] and w["in_flight"]["bootstrap_room"] == room
+            for p in l.get("peer_transfer_workers") or [] for w in p["transfer_workers"]),
+            "the leader to list rank 1's worker holding the room's chunk")
+        self.assertEqual([p["rank"] for p in listing["peer_transfer_workers"]], ["tp1-cp0"])
+        self.assertTrue(all(w["tracked"] for w in listing["peer_transfer_workers"][0]["transfer_workers"]))
+        if listing["server"]["transfer_progress"]:
+            self.assertFalse(any(w["in_flight"] and w["in_flight"]["bootstrap_room"] == room
+                                 for w in listing["transfer_workers"]), "the leader's own worker holds rank 1's chunk")
 
         # The watchdog's order, through the leader: SGLang's abort() lever flips rank 0 (whose own poll reads
         # Success), and the group's MIN fails the room on both ranks.
@@ -223,6 +233,8 @@ class _Tp2:
         self.assertTrue(self.group.queued(0, rid) and self.group.queued(1, rid), "SGLang let the room go")
         row = next(r for r in self.listing()["inflight"] if r["bootstrap_room"] == queued)
         self.assertFalse(row["transfer_in_flight"], "a chunk waiting in a queue was reported in flight")
+        # The watchdog reads it as waiting on another rank (not a silent pin): it waits for that rank's worker.
+        self.assertGreaterEqual(row["peer_chunks_queued"], 1, row)
 
         status, body = self.force_fail(reqs[0])
         self.assertEqual((status, body.get("result")), (200, "flipped"), body)

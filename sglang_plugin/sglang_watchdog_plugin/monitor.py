@@ -430,12 +430,10 @@ class Monitor:
         return body
 
     def _peer_view(self):
-        """(ranks of the group watched, room -> chunks in flight on the other ranks), read once per listing."""
+        """(ranks of the group watched, this one included; the other ranks' View), read once per listing."""
         own = 1 if self.transfer_tracking else 0
-        if self.peers is None:
-            return own, {}
-        watched, in_flight = self.peers.read()
-        return own + watched, in_flight
+        view = peers.View(0, {}, {}, []) if self.peers is None else self.peers.read()
+        return own + view.watched, view
 
     def _sent_elsewhere(self, room):
         """(whether another rank of the group still has a share of this room to send, in flight or waiting in
@@ -460,8 +458,9 @@ class Monitor:
         # Counted here, not at each pass: only a listing needs it.
         queued = transfer_watch.queued_by_room(workers) if workers is not None else None
         monotonic = time.monotonic()
-        elsewhere = peer_view[1]
-        rows = [_room_json(room, now, queued, elsewhere) for room in _listed(snapshot)]
+        others = peer_view[1]
+        elsewhere = others.in_flight
+        rows = [_room_json(room, now, queued, others) for room in _listed(snapshot)]
         listed = {row["bootstrap_room"] for row in rows}
         orphans = {room: (queue, count) for room, queue, count in snapshot.orphans}
         for room, count in elsewhere.items():
@@ -479,6 +478,7 @@ class Monitor:
             "transfer_workers": None if workers is None else [
                 transfer_watch.worker_json(index, queue, monotonic) for index, queue in enumerate(workers)],
             "wedge_orders": self.wedges.listing(workers) if workers is not None else [],
+            "peer_transfer_workers": others.workers if self.peers is not None else None,
         }
 
     def force_fail(self, rid, bootstrap_room, reason, dry_run, prefill_stopped=False):
@@ -627,9 +627,9 @@ def _no_wedge_orders(error, lever_note=None):
     return Outcome(501, body)
 
 
-def _room_json(room, now, queued, elsewhere):
+def _room_json(room, now, queued, others):
     _, facts, poll, progress, send_failed, in_flight = room
-    in_flight = in_flight or elsewhere.get(facts.bootstrap_room, 0) > 0
+    in_flight = in_flight or others.in_flight.get(facts.bootstrap_room, 0) > 0
     return {
         "rid": facts.rid,
         "bootstrap_room": facts.bootstrap_room,
@@ -643,4 +643,5 @@ def _room_json(room, now, queued, elsewhere):
         "transfer_in_flight": in_flight,
         "transfer_queue": facts.transfer_queue,
         "chunks_queued": None if queued is None else queued.get(facts.bootstrap_room, 0),
+        "peer_chunks_queued": others.queued.get(facts.bootstrap_room, 0) if others.watched else None,
     }

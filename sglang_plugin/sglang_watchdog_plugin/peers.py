@@ -28,8 +28,9 @@ import os
 import tempfile
 import threading
 import time
+from typing import NamedTuple
 
-from .transfer_watch import queued_by_room
+from .transfer_watch import queued_by_room, watched, worker_json
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
@@ -97,16 +98,32 @@ class Publisher:
     def publish(self):
         counts = outstanding(self.manager)
         queues = getattr(self.manager, "transfer_queues", None)
+        queues = queues if isinstance(queues, list) else []
         # Chunks still waiting in this rank's worker queues: not in flight (a released room's are dropped
         # unsent), but the room is not done on this rank, so the group's MIN still holds it (Group.sending).
-        waiting = queued_by_room(queues) if isinstance(queues, list) else {}
+        waiting = queued_by_room(queues)
+        # What each worker holds and how fast its last chunks went, as the leader lists its own: the
+        # watchdog judges a chunk of this rank by this rank's worker and link, not by the leader's.
+        monotonic = time.monotonic()
+        workers = [worker_json(index, queue, monotonic) for index, queue in enumerate(queues)] \
+            if queues and all(hasattr(queue, "_buf") and watched(queue) for queue in queues) else None
         body = {"pid": os.getpid(), "written_unix": time.time(), "tracking": counts is not None,
                 "in_flight": {str(room): n for room, n in (counts or {}).items()},
-                "queued": {str(room): n for room, n in waiting.items() if isinstance(room, int) and n > 0}}
+                "queued": {str(room): n for room, n in waiting.items() if isinstance(room, int) and n > 0},
+                "transfer_workers": workers}
         tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(body, f)
         os.replace(tmp, self.path)  # readers see the old file or the new one, never half of one
+
+
+class View(NamedTuple):
+    """The other ranks of the group as their fresh files tell them."""
+
+    watched: int  # ranks whose fresh file says their manager counts
+    in_flight: dict  # room -> outstanding chunks, summed over them
+    queued: dict  # room -> chunks waiting in their worker queues, summed over them
+    workers: list  # {"rank": "tp<R>-cp<C>", "transfer_workers": [...]} of each that reports its workers
 
 
 class Group:
@@ -120,13 +137,18 @@ class Group:
                        if (tp, cp) != (identity.attn_tp_rank, identity.attn_cp_rank)]
 
     def read(self, now_unix=None):
-        """(ranks watched among the others, room -> outstanding chunks summed over them)."""
-        watched, in_flight = 0, {}
-        for _, _, rooms in self._fresh(now_unix):
-            watched += 1
+        """What the other ranks' fresh files say, merged (a View)."""
+        view = View(0, {}, {}, [])
+        for (tp, cp), body, rooms in self._fresh(now_unix):
+            view = view._replace(watched=view.watched + 1)
             for room, n in rooms.items():
-                in_flight[room] = in_flight.get(room, 0) + n
-        return watched, in_flight
+                view.in_flight[room] = view.in_flight.get(room, 0) + n
+            for room, n in (_rooms(body.get("queued")) or {}).items():
+                view.queued[room] = view.queued.get(room, 0) + n
+            workers = body.get("transfer_workers")
+            if isinstance(workers, list) and all(isinstance(worker, dict) for worker in workers):
+                view.workers.append({"rank": f"tp{tp}-cp{cp}", "transfer_workers": workers})
+        return view
 
     def sending(self, room, now_unix=None):
         """(whether another rank still has a chunk of the room outstanding or waiting in its worker queues,

@@ -12,15 +12,19 @@ import types
 import unittest
 from unittest import mock
 
-from sglang_watchdog_plugin import hook, peers
+from sglang_watchdog_plugin import hook, peers, transfer_watch
 from sglang_watchdog_plugin.identity import identify
 
-from . import harness, standins
+from . import harness, standins, test_wedge
 
 
 def _group_scheduler(attn_tp_rank, attn_tp_size=2):
     return standins.NewScheduler(backend="nixl", tp_rank=attn_tp_rank, dp_rank=0, attn_tp_rank=attn_tp_rank,
                                  attn_tp_size=attn_tp_size)
+
+
+def _counts(view):
+    return view.watched, view.in_flight
 
 
 class PeerFilesTest(unittest.TestCase):
@@ -38,7 +42,7 @@ class PeerFilesTest(unittest.TestCase):
     def test_counts_of_every_fresh_rank_are_summed(self):
         self.publish(1, {7: 1, 8: 0})
         self.publish(2, {7: 2, 9: 1})
-        self.assertEqual(peers.Group(self.folder, self.leader).read(), (2, {7: 3, 9: 1}))
+        self.assertEqual(_counts(peers.Group(self.folder, self.leader).read()), (2, {7: 3, 9: 1}))
 
     def test_a_room_waiting_in_a_worker_queue_is_sent_but_not_in_flight(self):
         """Queued chunks hold the room on that rank (sending) but are not in flight: a released room's are
@@ -48,9 +52,32 @@ class PeerFilesTest(unittest.TestCase):
         ident = identify(_group_scheduler(1, attn_tp_size=3))
         peers.Publisher(self.folder, ident, manager).publish()
         group = peers.Group(self.folder, self.leader)
-        self.assertEqual(group.read(), (1, {}))
+        self.assertEqual(_counts(group.read()), (1, {}))
         self.assertEqual(group.sending(11), (True, []))
         self.assertEqual(group.sending(12), (False, ["tp2-cp0"]), "rank 2 never published: it may be sending 12")
+
+    def test_each_ranks_workers_and_queued_chunks_are_merged(self):
+        """Rank 1's worker holds a chunk of room 21 with room 22 queued behind it: the leader lists that worker as
+        rank 1's (the watchdog judges the chunk by rank 1's own worker and link) and room 22's chunk as queued."""
+        manager = test_wedge.WorkerManager()
+        workers = [test_wedge.Worker(queue) for queue in manager.transfer_queues]
+        for worker in workers:
+            self.addCleanup(worker.stop)
+        harness.wait_until(lambda: all(transfer_watch.state_of(q) is not None for q in manager.transfer_queues),
+                           message="the workers to wait in get()")
+        manager.transfer_queues[1].put(test_wedge.Chunk(21, 8))
+        manager.transfer_queues[1].put(test_wedge.Chunk(22, 4))
+        harness.wait_until(lambda: transfer_watch.held_chunk(manager.transfer_queues[1]) == 1, message="the take")
+        manager._staging_outstanding[21] += 1
+        peers.Publisher(self.folder, identify(_group_scheduler(1, attn_tp_size=3)), manager).publish()
+
+        view = peers.Group(self.folder, self.leader).read()
+        self.assertEqual((view.watched, view.in_flight, view.queued), (1, {21: 1}, {22: 1}))
+        self.assertEqual([entry["rank"] for entry in view.workers], ["tp1-cp0"])
+        held = view.workers[0]["transfer_workers"][1]
+        self.assertEqual((held["transfer_queue"], held["depth"], held["in_flight"]["bootstrap_room"],
+                          held["in_flight"]["pages"]), (1, 1, 21, 8))
+        self.assertIsNone(view.workers[0]["transfer_workers"][0]["in_flight"])
 
     def test_a_file_replaced_while_it_is_read_is_fresh(self):
         """A rank rewrites its file every 0.25 s; a leader whose thread lost the CPU between reading the clock
@@ -67,15 +94,15 @@ class PeerFilesTest(unittest.TestCase):
             return read(path)
 
         with mock.patch.object(peers, "_read", republished_then_read):
-            self.assertEqual(group.read(), (2, {7: 2}))
+            self.assertEqual(_counts(group.read()), (2, {7: 2}))
             self.assertEqual(group.sending(7), (True, []))
             self.assertEqual(group.sending(8), (False, []))
 
     def test_missing_stale_untracked_or_corrupt_ranks_are_not_watched(self):
         group = peers.Group(self.folder, self.leader)
         self.publish(1, {7: 1})
-        self.assertEqual(group.read(), (1, {7: 1}), "rank 2 never published")
-        self.assertEqual(group.read(time.time() + peers.FRESH_S + 1), (0, {}), "rank 1's file went stale")
+        self.assertEqual(_counts(group.read()), (1, {7: 1}), "rank 2 never published")
+        self.assertEqual(_counts(group.read(time.time() + peers.FRESH_S + 1)), (0, {}), "rank 1's file went stale")
 
         path = self.publish(2, {})
         with open(path) as f:
@@ -83,14 +110,14 @@ class PeerFilesTest(unittest.TestCase):
         body["tracking"] = False  # a manager without _staging_outstanding: its empty count proves nothing
         with open(path, "w") as f:
             json.dump(body, f)
-        self.assertEqual(group.read(), (1, {7: 1}))
+        self.assertEqual(_counts(group.read()), (1, {7: 1}))
         with open(path, "w") as f:
             f.write('{"tracking": true, "written_unix": ')  # cut short
-        self.assertEqual(group.read(), (1, {7: 1}))
+        self.assertEqual(_counts(group.read()), (1, {7: 1}))
         body.update(tracking=True, in_flight={"7": "many"})
         with open(path, "w") as f:
             json.dump(body, f)
-        self.assertEqual(group.read(), (1, {7: 1}), "a rank with an unreadable count must not pass for quiet")
+        self.assertEqual(_counts(group.read()), (1, {7: 1}), "a rank with an unreadable count must not pass for quiet")
 
     def test_a_count_without_items_is_untracked(self):
         class Manager:

@@ -1,0 +1,111 @@
+package watchdog
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+)
+
+// Round 5, attention TP/CP > 1: the leader's share of a room is sent, and
+// SGLang's MIN poll holds the room while another rank of the group sends
+// its share. That rank's chunk is judged by its own worker and link, never
+// by the stall rule (which would take a slow healthy chunk there for a
+// stuck one) nor by the leader's link.
+
+// peerCase is a TP2 leader whose worker is idle and measured at 64
+// pages/s, and whose peer tp1-cp0 holds peerChunk on its queue 0,
+// measured at peerSpeed pages/s (0: unmeasured).
+func peerCase(peerChunk *pluginapi.ChunkInFlight, peerSpeed float64) *rankState {
+	rk := progressCase(true, true, nil)
+	peer := &workerState{tracked: true, inFlight: peerChunk}
+	if peerSpeed > 0 {
+		peer.recent = samples(8, 64, 64/peerSpeed)
+	}
+	rk.peerWorkers = map[string]map[int]*workerState{"tp1-cp0": {0: peer}}
+	peer.speed, peer.speedKnown = linkSpeed(rk.peerWorkers["tp1-cp0"], 0)
+	rk.peerHeld = map[uint64]string{}
+	if peerChunk != nil {
+		rk.peerHeld[peerChunk.BootstrapRoom] = "tp1-cp0/0/1;"
+	}
+	return rk
+}
+
+func TestPeerChunkJudgedByItsOwnRank(t *testing.T) {
+	cfg := testConfig()
+	cfg.LinkMargin = DefaultLinkMargin
+	now := time.Unix(10000, 0)
+	held := func(seconds float64) *pluginapi.ChunkInFlight {
+		return &pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: 1, Pages: 64, Seconds: seconds}
+	}
+	for _, tc := range []struct {
+		name      string
+		chunk     *pluginapi.ChunkInFlight
+		peerSpeed float64
+		inFlight  bool
+		queued    int
+		age       float64
+		want      bool
+	}{
+		// The peer's link does 64 pages in 50 s: 200 times that is 10000 s.
+		// At the leader's speed (1 s) the same chunk would be overdue at 200 s.
+		{"slow peer link, within its allowance", held(5000), 64.0 / 50, true, 0, 6000, false},
+		{"slow peer link, past its allowance", held(10000), 64.0 / 50, true, 0, 11000, true},
+		{"peer speed unknown, within twice the deadline", held(119), 0, true, 0, 3000, false},
+		{"peer speed unknown, past twice the deadline", held(120), 0, true, 0, 3000, true},
+		{"queued behind a chunk on the peer", nil, 64.0 / 50, false, 1, 3000, false},
+		{"in flight on a rank whose worker is not listed, within twice the deadline", nil, 0, true, 0, 119, false},
+		{"in flight on a rank whose worker is not listed, past twice the deadline", nil, 0, true, 0, 120, true},
+		{"nothing anywhere: the silent pin", nil, 0, false, 0, 61, true},
+	} {
+		rk := peerCase(tc.chunk, tc.peerSpeed)
+		r := &roomState{age: tc.age, queue: 0, inFlightKnown: true, inFlight: tc.inFlight, peerChunksQueued: tc.queued,
+			peerChunks: rk.peerHeld[1], lastChange: now.Add(-time.Hour), iterAtChange: 100}
+		if got := roomStuck(1, r, rk, now, &cfg); got != tc.want {
+			t.Errorf("%s: stuck %v, want %v", tc.name, got, tc.want)
+		}
+		// SGLang v0.5.18 NIXL drops the room's transfer info on the leader
+		// once its share is sent: the leader lists no queue for it. The
+		// verdict is the same wherever another rank has a share of it (a
+		// room with nothing anywhere gets the untracked worker's twice the
+		// deadline, TestProgressRoomStuck).
+		if tc.chunk == nil && !tc.inFlight && tc.queued == 0 {
+			continue
+		}
+		r.queue = unknownQueue
+		if got := roomStuck(1, r, rk, now, &cfg); got != tc.want {
+			t.Errorf("%s, the leader's queue unknown: stuck %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// tp2Rank is a TP2 leader plugin, every rank watched, each with one
+// worker; the leader's is measured at 64 pages/s, the peer's at 64 pages
+// in 50 s.
+func tp2Rank() *fakePlugin {
+	p := progressRank("http://127.0.0.1:28100", 1)
+	p.seesEveryWriter(2, 2)
+	p.measured(0, 8)
+	p.peers = []pluginapi.PeerWorkers{{Rank: "tp1-cp0", TransferWorkers: []pluginapi.TransferWorker{
+		{TransferQueue: 0, Tracked: true, Recent: samples(8, 64, 50)}}}}
+	return p
+}
+
+// A healthy chunk on a slow non-leader link is never force-failed; the
+// same chunk hung is, once past its allowance at that link's speed.
+func TestSlowPeerChunkNeverForceFailed(t *testing.T) {
+	p := tp2Rank()
+	h := newMulti(t, []*fakePlugin{p}, nil)
+	room := r4room("r", 1, 0, 0, 0)
+	room.Poll, room.TransferInFlight, room.TransferQueue, room.PeerChunksQueued = pluginapi.PollSuccess, boolp(true), nil, intp(0)
+	p.set(room)
+	p.peers[0].TransferWorkers[0].InFlight = &pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: 1, Pages: 64}
+	h.tick(9000)
+	if n := p.callCount(); n != 0 || len(h.eventsOf(EventStuck)) != 0 {
+		t.Fatalf("force-fails %d, stuck events %v: the peer's chunk was within its allowance", n, h.eventsOf(EventStuck))
+	}
+	h.tick(1100)
+	if got := calledRIDs(p); got["r"] != 1 {
+		t.Fatalf("calls %v, want the room force-failed once the peer's chunk was past its allowance", got)
+	}
+}
