@@ -542,6 +542,20 @@ func (d *fastDecoder) decodeRequests() ([]DecodeRequest, bool) {
 	return out, ok
 }
 
+// uint64s parses an array of unsigned integers, or null (nil).
+func (d *fastDecoder) uint64s() ([]uint64, bool) {
+	out := []uint64{}
+	isNull, ok := d.array(func() bool {
+		v, ok := d.uint64v()
+		out = append(out, v)
+		return ok
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
 // transferWorkers parses transfer_workers (round 4). Within a worker, a
 // repeated in_flight or recent would be merged by encoding/json, so such
 // bodies are left to it, as at the top level.
@@ -550,7 +564,7 @@ func (d *fastDecoder) transferWorkers() ([]TransferWorker, bool) {
 	isNull, ok := d.array(func() bool {
 		out = append(out, TransferWorker{})
 		tw := &out[len(out)-1]
-		var inFlightSeen, recentSeen bool
+		var inFlightSeen, recentSeen, queuedSeen bool
 		return d.object(func(k []byte) bool {
 			var ok bool
 			switch string(k) {
@@ -574,6 +588,12 @@ func (d *fastDecoder) transferWorkers() ([]TransferWorker, bool) {
 				}
 				recentSeen = true
 				tw.Recent, ok = d.samples()
+			case "queued_rooms":
+				if queuedSeen {
+					return false
+				}
+				queuedSeen = true
+				tw.QueuedRooms, ok = d.uint64s()
 			}
 			return ok
 		})

@@ -36,6 +36,7 @@ func FuzzDecodeWireFast(f *testing.F) {
 	// Round 5: the other ranks' workers and queued chunks.
 	f.Add([]byte(round5Listing))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","poll":"Success","peer_chunks_queued":null}],"peer_transfer_workers":[{"rank":"tp1-cp0","transfer_workers":null},{"transfer_workers":[]}]}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"peer_transfer_workers":[{"rank":"a","transfer_workers":[{"queued_rooms":null},{"queued_rooms":[]},{"queued_rooms":[1,18446744073709551615],"queued_rooms":[2]}]}]}`))
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
 	for _, p := range files {
 		if b, err := os.ReadFile(p); err == nil {

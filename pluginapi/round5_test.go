@@ -28,7 +28,7 @@ const round5Listing = `{"api_version":1,
  "peer_transfer_workers":[{"rank":"tp1-cp0","transfer_workers":[
   {"transfer_queue":0,"tracked":true,"depth":0,"chunks_taken":3,"in_flight":null,"recent":[]},
   {"transfer_queue":1,"tracked":true,"depth":1,"chunks_taken":40,
-   "in_flight":{"chunk":40,"bootstrap_room":41,"pages":64,"last_chunk":true,"seconds":95.25},"recent":[[64,0.5]]}]}],
+   "in_flight":{"chunk":40,"bootstrap_room":41,"pages":64,"last_chunk":true,"seconds":95.25},"recent":[[64,0.5]],"queued_rooms":[43]}]}],
  "wedge_orders":[]}`
 
 func TestDecodeListingRound5(t *testing.T) {
@@ -52,6 +52,9 @@ func TestDecodeListingRound5(t *testing.T) {
 	}
 	if c := l.PeerTransferWorkers[0].TransferWorkers[1].InFlight; c == nil || c.BootstrapRoom != 41 || c.Seconds != 95.25 {
 		t.Fatalf("rank 1's chunk in flight = %+v", c)
+	}
+	if q := l.PeerTransferWorkers[0].TransferWorkers[1].QueuedRooms; !reflect.DeepEqual(q, []uint64{43}) {
+		t.Fatalf("rank 1's queued rooms = %v, want [43]", q)
 	}
 	l, err = DecodeListing([]byte(round4Listing))
 	if err != nil || l.PeerTransferWorkers != nil || l.Inflight[0].PeerChunksQueued != nil {

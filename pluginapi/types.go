@@ -149,6 +149,10 @@ type TransferWorker struct {
 	// Recent holds [pages, seconds] of the chunks it finished last,
 	// oldest first.
 	Recent [][2]float64 `json:"recent"`
+	// QueuedRooms are the rooms with a chunk waiting in this queue, in
+	// queue order: listed for the other ranks' workers only (round 5),
+	// whose rooms the leader's listing does not place on a queue.
+	QueuedRooms []uint64 `json:"queued_rooms,omitempty"`
 }
 
 // ChunkInFlight is the chunk a transfer worker holds.

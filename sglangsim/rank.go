@@ -1382,8 +1382,17 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		// worker queues, so a manager keeps the count on every peer listed.
 		l.TransferWorkers = r.transferWorkersOf(&r.xfer, now)
 		for i, x := range peers {
-			l.PeerTransferWorkers = append(l.PeerTransferWorkers, pluginapi.PeerWorkers{
-				Rank: peerName(1 + i), TransferWorkers: r.transferWorkersOf(x, now)})
+			workers := r.transferWorkersOf(x, now)
+			// The plugin lists the rooms waiting on a peer's queues, as
+			// the leader's own rooms name their queue.
+			for qi := range workers {
+				for _, sd := range x.workers[qi].fifo {
+					if sd.chunksQueued() > 0 {
+						workers[qi].QueuedRooms = append(workers[qi].QueuedRooms, sd.q.room)
+					}
+				}
+			}
+			l.PeerTransferWorkers = append(l.PeerTransferWorkers, pluginapi.PeerWorkers{Rank: peerName(1 + i), TransferWorkers: workers})
 		}
 	}
 	if !s.opts.PreRound4Plugin {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -237,6 +238,17 @@ func TestTPPeerChunksQueued(t *testing.T) {
 	}
 	if b.ChunksQueued == nil || *b.ChunksQueued != 0 || b.PeerChunksQueued == nil || *b.PeerChunksQueued < 1 {
 		t.Fatalf("listed %+v, want no chunk queued on the leader and some on the peer", b)
+	}
+	// The peer's worker that holds the hung chunk lists the room as
+	// waiting behind it, so the watchdog can tell whom it waits for.
+	var behind []uint64
+	for _, tw := range s.Listing(0).PeerTransferWorkers[0].TransferWorkers {
+		if tw.InFlight != nil {
+			behind = append(behind, tw.QueuedRooms...)
+		}
+	}
+	if !slices.Contains(behind, b.BootstrapRoom) {
+		t.Fatalf("the peer's busy workers list %v queued, want room %d among them", behind, b.BootstrapRoom)
 	}
 }
 

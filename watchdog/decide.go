@@ -71,9 +71,9 @@ func stalled(r *roomState, rk *rankState, now time.Time, cfg *Config, deadline t
 //   - with attention TP/CP, the same on the other ranks of the group,
 //     whose shares SGLang's MIN poll waits for: a chunk another rank holds
 //     is judged by that rank's worker and link, a chunk queued there waits
-//     (a wedge there has no wedge order: only a restart clears it), and a
-//     chunk in flight on a rank whose worker is not listed gets the stall
-//     rule with twice the deadline, as an untracked worker here does;
+//     unless that queue's worker holds an overdue chunk (behindPeerWedge),
+//     and a chunk in flight on a rank whose worker is not listed gets the
+//     stall rule with twice the deadline, as an untracked worker here does;
 //   - nothing in flight nor queued (a silent pin: the status resurrected to
 //     Transferring, an abort race): the stall rule, counted from the last
 //     transfer activity seen for the room;
@@ -90,8 +90,10 @@ func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, 
 		return false
 	case own && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room:
 		return chunkOverdue(ws, now, cfg)
-	case own && r.chunksQueued > 0, r.peerChunksQueued > 0:
+	case own && r.chunksQueued > 0:
 		return false
+	case r.peerChunksQueued > 0:
+		return !young && behindPeerWedge(room, rk, now, cfg)
 	case r.peerChunks != "":
 		_, _, pw := overduePeerChunk(room, rk, now, cfg)
 		return !young && pw != nil
@@ -99,6 +101,20 @@ func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, 
 		return stalled(r, rk, now, cfg, 2*cfg.Deadline)
 	}
 	return stalled(r, rk, now, cfg, cfg.Deadline)
+}
+
+// behindPeerWedge tells whether a chunk of the room waits in another
+// rank's queue whose worker holds a chunk past its allowance. Such a room
+// would wait for ever; one behind a live chunk waits its turn. The leader
+// fails the rooms behind its own wedges with a wedge order; the orders do
+// not reach another rank's queues, so these get a force-fail each.
+func behindPeerWedge(room uint64, rk *rankState, now time.Time, cfg *Config) bool {
+	for _, ws := range rk.peerBehind[room] {
+		if ws != nil && ws.tracked && chunkOverdue(ws, now, cfg) {
+			return true
+		}
+	}
+	return false
 }
 
 // overduePeerChunk finds a chunk of the room that another rank of the

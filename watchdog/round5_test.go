@@ -15,8 +15,9 @@ import (
 
 // peerCase is a TP2 leader whose worker is idle and measured at 64
 // pages/s, and whose peer tp1-cp0 holds peerChunk on its queue 0,
-// measured at peerSpeed pages/s (0: unmeasured).
-func peerCase(peerChunk *pluginapi.ChunkInFlight, peerSpeed float64) *rankState {
+// measured at peerSpeed pages/s (0: unmeasured); behind: room 1 has a
+// chunk queued on that queue.
+func peerCase(peerChunk *pluginapi.ChunkInFlight, peerSpeed float64, behind bool) *rankState {
 	rk := progressCase(true, true, nil)
 	peer := &workerState{tracked: true, inFlight: peerChunk}
 	if peerSpeed > 0 {
@@ -24,9 +25,12 @@ func peerCase(peerChunk *pluginapi.ChunkInFlight, peerSpeed float64) *rankState 
 	}
 	rk.peerWorkers = map[string]map[int]*workerState{"tp1-cp0": {0: peer}}
 	peer.speed, peer.speedKnown = linkSpeed(rk.peerWorkers["tp1-cp0"], 0)
-	rk.peerHeld = map[uint64]string{}
+	rk.peerHeld, rk.peerBehind = map[uint64]string{}, map[uint64][]*workerState{}
 	if peerChunk != nil {
 		rk.peerHeld[peerChunk.BootstrapRoom] = "tp1-cp0/0/1;"
+	}
+	if behind {
+		rk.peerBehind[1] = []*workerState{peer}
 	}
 	return rk
 }
@@ -35,30 +39,34 @@ func TestPeerChunkJudgedByItsOwnRank(t *testing.T) {
 	cfg := testConfig()
 	cfg.LinkMargin = DefaultLinkMargin
 	now := time.Unix(10000, 0)
-	held := func(seconds float64) *pluginapi.ChunkInFlight {
-		return &pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: 1, Pages: 64, Seconds: seconds}
+	held := func(room uint64, seconds float64) *pluginapi.ChunkInFlight {
+		return &pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: room, Pages: 64, Seconds: seconds}
 	}
+	const slowLink = 64.0 / 50 // 64 pages in 50 s: 200 times that is 10000 s
 	for _, tc := range []struct {
 		name      string
 		chunk     *pluginapi.ChunkInFlight
 		peerSpeed float64
 		inFlight  bool
 		queued    int
+		behind    bool
 		age       float64
 		want      bool
 	}{
-		// The peer's link does 64 pages in 50 s: 200 times that is 10000 s.
 		// At the leader's speed (1 s) the same chunk would be overdue at 200 s.
-		{"slow peer link, within its allowance", held(5000), 64.0 / 50, true, 0, 6000, false},
-		{"slow peer link, past its allowance", held(10000), 64.0 / 50, true, 0, 11000, true},
-		{"peer speed unknown, within twice the deadline", held(119), 0, true, 0, 3000, false},
-		{"peer speed unknown, past twice the deadline", held(120), 0, true, 0, 3000, true},
-		{"queued behind a chunk on the peer", nil, 64.0 / 50, false, 1, 3000, false},
-		{"in flight on a rank whose worker is not listed, within twice the deadline", nil, 0, true, 0, 119, false},
-		{"in flight on a rank whose worker is not listed, past twice the deadline", nil, 0, true, 0, 120, true},
-		{"nothing anywhere: the silent pin", nil, 0, false, 0, 61, true},
+		{"slow peer link, within its allowance", held(1, 5000), slowLink, true, 0, false, 6000, false},
+		{"slow peer link, past its allowance", held(1, 10000), slowLink, true, 0, false, 11000, true},
+		{"peer speed unknown, within twice the deadline", held(1, 119), 0, true, 0, false, 3000, false},
+		{"peer speed unknown, past twice the deadline", held(1, 120), 0, true, 0, false, 3000, true},
+		{"queued on the peer behind a live chunk", held(9, 5000), slowLink, false, 1, true, 6000, false},
+		{"queued on the peer behind an overdue chunk", held(9, 10000), slowLink, false, 1, true, 11000, true},
+		{"queued on the peer behind an overdue chunk, younger than the deadline", held(9, 10000), slowLink, false, 1, true, 59, false},
+		{"queued on the peer, its queue not listed", held(9, 10000), slowLink, false, 1, false, 11000, false},
+		{"in flight on a rank whose worker is not listed, within twice the deadline", nil, 0, true, 0, false, 119, false},
+		{"in flight on a rank whose worker is not listed, past twice the deadline", nil, 0, true, 0, false, 120, true},
+		{"nothing anywhere: the silent pin", nil, 0, false, 0, false, 61, true},
 	} {
-		rk := peerCase(tc.chunk, tc.peerSpeed)
+		rk := peerCase(tc.chunk, tc.peerSpeed, tc.behind)
 		r := &roomState{age: tc.age, queue: 0, inFlightKnown: true, inFlight: tc.inFlight, peerChunksQueued: tc.queued,
 			peerChunks: rk.peerHeld[1], lastChange: now.Add(-time.Hour), iterAtChange: 100}
 		if got := roomStuck(1, r, rk, now, &cfg); got != tc.want {
@@ -69,7 +77,7 @@ func TestPeerChunkJudgedByItsOwnRank(t *testing.T) {
 		// verdict is the same wherever another rank has a share of it (a
 		// room with nothing anywhere gets the untracked worker's twice the
 		// deadline, TestProgressRoomStuck).
-		if tc.chunk == nil && !tc.inFlight && tc.queued == 0 {
+		if !tc.inFlight && tc.queued == 0 {
 			continue
 		}
 		r.queue = unknownQueue
@@ -107,5 +115,30 @@ func TestSlowPeerChunkNeverForceFailed(t *testing.T) {
 	h.tick(1100)
 	if got := calledRIDs(p); got["r"] != 1 {
 		t.Fatalf("calls %v, want the room force-failed once the peer's chunk was past its allowance", got)
+	}
+}
+
+// Rooms whose chunks wait on a non-leader rank behind its hung chunk are
+// force-failed once that chunk is past its allowance at that rank's link
+// speed, and not before: until then they wait their turn.
+func TestRoomsBehindAPeerWedgeReleased(t *testing.T) {
+	p := tp2Rank()
+	h := newMulti(t, []*fakePlugin{p}, nil)
+	hung := r4room("hung", 1, 0, 0, 0)
+	hung.Poll, hung.TransferInFlight, hung.TransferQueue, hung.PeerChunksQueued = pluginapi.PollSuccess, boolp(true), nil, intp(0)
+	behind := r4room("behind", 2, 0, 0, 0)
+	behind.Poll, behind.TransferInFlight, behind.TransferQueue, behind.PeerChunksQueued = pluginapi.PollSuccess, boolp(false), nil, intp(1)
+	p.set(hung, behind)
+	// One page at 64 pages in 50 s: 200 times that is 156 s.
+	tw := &p.peers[0].TransferWorkers[0]
+	tw.InFlight = &pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: 1, Pages: 1}
+	tw.QueuedRooms = []uint64{2}
+	h.tick(150)
+	if n := p.callCount(); n != 0 {
+		t.Fatalf("force-fails %d within the hung chunk's allowance, want none: %v", n, calledRIDs(p))
+	}
+	h.tick(20)
+	if got := calledRIDs(p); got["hung"] != 1 || got["behind"] != 1 {
+		t.Fatalf("calls %v, want the hung room and the room behind it force-failed once", got)
 	}
 }

@@ -211,9 +211,11 @@ type rankState struct {
 	// peerWorkers are the transfer workers of the other ranks of the
 	// leader's attention TP/CP group, by rank name (round 5); a chunk one
 	// of them holds is judged by that rank's own worker and link.
-	// peerHeld names, per room, the peer chunks of it in flight.
+	// peerHeld names, per room, the peer chunks of it in flight;
+	// peerBehind lists the peer workers it has a chunk queued behind.
 	peerWorkers map[string]map[int]*workerState
 	peerHeld    map[uint64]string
+	peerBehind  map[uint64][]*workerState
 	// orders holds the wedge orders of this process by queue; an entry
 	// lives as long as the queue's wedge. closing holds the orders whose
 	// wedge cleared, for one last call that reports the rooms they failed

@@ -241,6 +241,7 @@ func New(cfg Config) (*Watchdog, error) {
 			workers:     map[int]*workerState{},
 			peerWorkers: map[string]map[int]*workerState{},
 			peerHeld:    map[uint64]string{},
+			peerBehind:  map[uint64][]*workerState{},
 			orders:      map[int]*wedgeOrder{},
 			departed:    map[roomKey]*roomState{},
 		})
@@ -650,6 +651,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 // A rank without transfer_progress keeps none.
 func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pluginapi.PeerWorkers, now time.Time) {
 	clear(rk.peerHeld)
+	clear(rk.peerBehind)
 	if !rk.progress {
 		clear(rk.workers)
 		clear(rk.peerWorkers)
@@ -668,6 +670,9 @@ func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pl
 		for _, tw := range p.TransferWorkers {
 			if c := tw.InFlight; c != nil && tw.Tracked {
 				rk.peerHeld[c.BootstrapRoom] += fmt.Sprintf("%s/%d/%d;", p.Rank, tw.TransferQueue, c.Chunk)
+			}
+			for _, room := range tw.QueuedRooms {
+				rk.peerBehind[room] = append(rk.peerBehind[room], workers[tw.TransferQueue])
 			}
 		}
 	}

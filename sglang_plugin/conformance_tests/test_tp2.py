@@ -231,10 +231,16 @@ class _Tp2:
         self.assertEqual({t.rank for t in transports.fabric.of_room(queued)}, {0}, "rank 1 sent its share")
         time.sleep(0.3)
         self.assertTrue(self.group.queued(0, rid) and self.group.queued(1, rid), "SGLang let the room go")
-        row = next(r for r in self.listing()["inflight"] if r["bootstrap_room"] == queued)
+        listing = self.listing()
+        row = next(r for r in listing["inflight"] if r["bootstrap_room"] == queued)
         self.assertFalse(row["transfer_in_flight"], "a chunk waiting in a queue was reported in flight")
-        # The watchdog reads it as waiting on another rank (not a silent pin): it waits for that rank's worker.
+        # The watchdog reads it as waiting on another rank (not a silent pin), behind the worker that holds the
+        # wedged chunk: it is released once that chunk is overdue at rank 1's link speed.
         self.assertGreaterEqual(row["peer_chunks_queued"], 1, row)
+        behind = [room for p in listing["peer_transfer_workers"] for w in p["transfer_workers"]
+                  if w["in_flight"] and w["in_flight"]["bootstrap_room"] == wedge[0].bootstrap_room
+                  for room in w["queued_rooms"]]
+        self.assertIn(queued, behind, listing["peer_transfer_workers"])
 
         status, body = self.force_fail(reqs[0])
         self.assertEqual((status, body.get("result")), (200, "flipped"), body)

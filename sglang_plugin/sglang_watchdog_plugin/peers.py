@@ -30,7 +30,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from .transfer_watch import queued_by_room, watched, worker_json
+from .transfer_watch import queued_by_room, queued_rooms, watched, worker_json
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
@@ -103,9 +103,11 @@ class Publisher:
         # unsent), but the room is not done on this rank, so the group's MIN still holds it (Group.sending).
         waiting = queued_by_room(queues)
         # What each worker holds and how fast its last chunks went, as the leader lists its own: the
-        # watchdog judges a chunk of this rank by this rank's worker and link, not by the leader's.
+        # watchdog judges a chunk of this rank by this rank's worker and link, not by the leader's. The
+        # rooms waiting behind it too, which the leader's own rooms say of themselves (transfer_queue).
         monotonic = time.monotonic()
-        workers = [worker_json(index, queue, monotonic) for index, queue in enumerate(queues)] \
+        workers = [dict(worker_json(index, queue, monotonic), queued_rooms=queued_rooms(queue))
+                   for index, queue in enumerate(queues)] \
             if queues and all(hasattr(queue, "_buf") and watched(queue) for queue in queues) else None
         body = {"pid": os.getpid(), "written_unix": time.time(), "tracking": counts is not None,
                 "in_flight": {str(room): n for room, n in (counts or {}).items()},

@@ -164,6 +164,20 @@ def queued_by_room(queues):
     return counts
 
 
+def queued_rooms(queue):
+    """The rooms with a chunk waiting in this queue, in queue order (from one copy of its buffer; [] if unreadable)."""
+    try:
+        waiting = tuple(queue._buf)
+    except Exception:
+        return []
+    rooms = []
+    for item in waiting:
+        room = getattr(item, "room", None)
+        if room.__class__ is int and room not in rooms:
+            rooms.append(room)
+    return rooms
+
+
 def worker_json(index, queue, now):
     """One entry of the listing's transfer_workers."""
     state = state_of(queue)

@@ -76,7 +76,7 @@ class PeerFilesTest(unittest.TestCase):
         self.assertEqual([entry["rank"] for entry in view.workers], ["tp1-cp0"])
         held = view.workers[0]["transfer_workers"][1]
         self.assertEqual((held["transfer_queue"], held["depth"], held["in_flight"]["bootstrap_room"],
-                          held["in_flight"]["pages"]), (1, 1, 21, 8))
+                          held["in_flight"]["pages"], held["queued_rooms"]), (1, 1, 21, 8, [22]))
         self.assertIsNone(view.workers[0]["transfer_workers"][0]["in_flight"])
 
     def test_a_file_replaced_while_it_is_read_is_fresh(self):
