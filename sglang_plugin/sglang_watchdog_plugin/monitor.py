@@ -468,7 +468,7 @@ class Monitor:
             if room not in listed:
                 queue, own = orphans.get(room, (None, 0))
                 orphans[room] = (queue, own + count)
-        return {
+        body = {
             "queues": {"bootstrap": snapshot.bootstrap, "waiting": snapshot.waiting, "inflight": snapshot.inflight},
             "inflight": rows,
             "orphaned_transfers": [
@@ -478,8 +478,10 @@ class Monitor:
             "transfer_workers": None if workers is None else [
                 transfer_watch.worker_json(index, queue, monotonic) for index, queue in enumerate(workers)],
             "wedge_orders": self.wedges.listing(workers) if workers is not None else [],
-            "peer_transfer_workers": others.workers if self.peers is not None else None,
         }
+        if others.workers:  # round 5, absent without peers: the listing of one rank is as before
+            body["peer_transfer_workers"] = others.workers
+        return body
 
     def force_fail(self, rid, bootstrap_room, reason, dry_run, prefill_stopped=False):
         """Answers fast from the latest snapshot where it can, else waits for the scheduler thread."""
@@ -630,7 +632,7 @@ def _no_wedge_orders(error, lever_note=None):
 def _room_json(room, now, queued, others):
     _, facts, poll, progress, send_failed, in_flight = room
     in_flight = in_flight or others.in_flight.get(facts.bootstrap_room, 0) > 0
-    return {
+    row = {
         "rid": facts.rid,
         "bootstrap_room": facts.bootstrap_room,
         "bootstrap_addr": facts.bootstrap_addr,
@@ -643,5 +645,7 @@ def _room_json(room, now, queued, others):
         "transfer_in_flight": in_flight,
         "transfer_queue": facts.transfer_queue,
         "chunks_queued": None if queued is None else queued.get(facts.bootstrap_room, 0),
-        "peer_chunks_queued": others.queued.get(facts.bootstrap_room, 0) if others.watched else None,
     }
+    if others.watched:  # round 5, absent without peers
+        row["peer_chunks_queued"] = others.queued.get(facts.bootstrap_room, 0)
+    return row
