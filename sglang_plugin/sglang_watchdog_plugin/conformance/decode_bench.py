@@ -108,6 +108,7 @@ class DecodeBench(bench_module.Bench):
         """``prealloc_methods`` replace methods of the release's DecodePreallocQueue (a scenario that derives
         another release's shape from this one's code)."""
         self._awaiting_metadata = {}  # room -> (DecodeRequest, slot)
+        self._metadata_lock = threading.Lock()
         self.bootstrap_port = rt.bootstrap_server(backend)[1]  # each backend has its own bootstrap server here
         self.metadata_slots = metadata_slots
         self.prealloc_methods = prealloc_methods or {}
@@ -221,10 +222,20 @@ class DecodeBench(bench_module.Bench):
 
     def _write_arrived_metadata(self):
         """Prefill's metadata write, which the fake transports do not move: once every transfer of a room is done."""
-        for room, (decode_req, slot) in list(self._awaiting_metadata.items()):
+        for room in list(self._awaiting_metadata):
+            self._metadata_landed(room)
+
+    def _metadata_landed(self, room):
+        """Writes the room's metadata once every transfer of it is done. Also called by the fabric from the thread
+        that saw a transfer of the room land, before anyone is told of it: on real hardware the metadata (the aux
+        data) lands with the KV, before decode's receiver can read Success, and SGLang's decode passes poll
+        behind that metadata gate (``_poll_with_metadata_gate``)."""
+        with self._metadata_lock:
+            entry = self._awaiting_metadata.get(room)
             transfers = transports.fabric.of_room(room)
-            if not transfers or any(t.state != "DONE" for t in transfers):
-                continue
+            if entry is None or not transfers or any(t.state != "DONE" for t in transfers):
+                return
+            decode_req, slot = entry
             buffers = self.metadata_buffers
             if isinstance(buffers, list):
                 buffers[0][slot].fill_(1)
@@ -284,6 +295,7 @@ class DecodeBench(bench_module.Bench):
         req.decode_request = decode_req
         self.links[req.rid] = link
         self._awaiting_metadata[room] = (decode_req, slot)
+        transports.fabric.on_landed(room, self._metadata_landed)
         return decode_req, link
 
     def queued(self, rid):

@@ -79,6 +79,8 @@ class Transfer:
         kind, seconds = behaviour if isinstance(behaviour, tuple) else (behaviour, 0.0)
         if now - self.started >= seconds + self.link_seconds:
             self.state, self.ended = ("ERR" if kind in (FAIL, "fail") else "DONE"), now
+            if self.state == "DONE":
+                fabric.landed(self.room)
         return self.state
 
 
@@ -99,6 +101,7 @@ class Fabric:
         self.posted = {}  # room -> KV chunk transfers started so far
         self.speeds = {}  # transfer queue (None: every queue) -> seconds per KV page
         self.queue_of = lambda room: None  # set by the bench: the transfer queue a room's chunks go to
+        self.landing = {}  # room -> fn(room), called when a transfer of the room is done (on_landed)
 
     def plan(self, room, behaviour, rank=None):
         """What the room's transfers do; with ``rank``, only the transfers of that rank's share."""
@@ -107,6 +110,19 @@ class Fabric:
                 self.plans[int(room)] = behaviour
             else:
                 self.rank_plans[(int(room), int(rank))] = behaviour
+
+    def on_landed(self, room, fn):
+        """Calls ``fn(room)`` from the thread that sees a transfer of the room done, before it tells anyone (a
+        NIXL notification, Mooncake's return to SGLang's worker): what lands with the KV on real hardware, the
+        metadata, is written there. ``fn`` may be called more than once."""
+        with self.lock:
+            self.landing[int(room)] = fn
+
+    def landed(self, room):
+        with self.lock:
+            fn = self.landing.get(room)
+        if fn is not None:
+            fn(room)
 
     def tag_agent(self, name, rank):
         """NIXL: transfers into this (decode) agent are the share of that rank."""
