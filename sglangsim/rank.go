@@ -287,9 +287,6 @@ type rank struct {
 	// ranks' (Options.AttnTP - 1), each with its own workers.
 	xfer
 	peers []*xfer
-	// speed is each queue's link speed, a factor of the planned one; a
-	// property of the network, so a restart keeps it (SetLinkSpeed).
-	speed [TransferQueues]float64
 	// orders are the standing wedge orders by queue (round 4).
 	orders [TransferQueues]*wedgeOrder
 
@@ -367,9 +364,10 @@ func (r *rank) reset(gen int) {
 	r.inflightTk = 0
 	r.iterations = 0
 	r.lastIter = time.Time{}
-	r.xfer = xfer{}
+	// The links' speeds are the network's: a restart keeps them.
+	r.xfer = xfer{speed: r.xfer.speed}
 	for _, x := range r.peers {
-		*x = xfer{}
+		*x = xfer{speed: x.speed}
 	}
 	r.orders = [TransferQueues]*wedgeOrder{}
 	r.pid = basePID + r.idx + 1000*gen
@@ -1130,7 +1128,7 @@ func (r *rank) releaseTransfer(sd *sender, now time.Time) {
 			sd.orphaned = true
 			// At the link's present speed; the worker corrects it when the
 			// chunk settles (settleOrphan).
-			if d := realTime(rest, r.speed[q.queue]); d >= 0 {
+			if d := realTime(rest, r.xf(sd.tp).speed[q.queue]); d >= 0 {
 				o.until = now.Add(d)
 			}
 		}

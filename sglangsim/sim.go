@@ -580,8 +580,11 @@ func New(o Options) (*Sim, error) {
 			for range o.AttnTP - 1 {
 				r.peers = append(r.peers, &xfer{})
 			}
-			for qi := range r.speed {
-				r.speed[qi] = 1
+			for tp := range o.AttnTP {
+				x := r.xf(tp)
+				for qi := range x.speed {
+					x.speed[qi] = 1
+				}
 			}
 			g.stages = append(g.stages, r)
 			s.ranks = append(s.ranks, r)

@@ -294,3 +294,33 @@ func TestTPPeerWorkersUnlisted(t *testing.T) {
 		})
 	}
 }
+
+// TestTPLinkSpeedOfOneRank: each rank of the group writes over its own
+// link. With the non-leader's at 1%, a 2 s transfer lands on the leader
+// (its poll reads Success) while the other rank's chunk still takes about
+// 200 s; the group's MIN keeps the room until then, and SGLang then
+// releases it as sent.
+func TestTPLinkSpeedOfOneRank(t *testing.T) {
+	s, c := newSim(t, Options{AttnTP: 2})
+	if err := s.SetTPLinkSpeed(-1, 2, -1, 0.5); err == nil {
+		t.Fatal("a link speed for attention-TP rank 2 of a group of 2 was accepted")
+	}
+	if err := s.SetTPLinkSpeed(-1, 1, -1, 0.01); err != nil {
+		t.Fatal(err)
+	}
+	rid, rm := s.Submit(RequestSpec{DecodePort: 17002, Transfer: 2 * time.Second, PromptTokens: 4096})
+	run(s, c, 30*time.Second, 100*time.Millisecond)
+	l := s.Listing(0)
+	r, ok := room(l, rid)
+	if !ok || r.Poll != pluginapi.PollSuccess || r.TransferInFlight == nil || !*r.TransferInFlight {
+		t.Fatalf("listed %+v (%v), want the leader's Success with the other rank's chunk in flight", r, ok)
+	}
+	held := l.PeerTransferWorkers[0].TransferWorkers[*r.TransferQueue].InFlight
+	if held == nil || held.BootstrapRoom != rm {
+		t.Fatalf("tp1-cp0's worker holds %+v, want a chunk of room %d", held, rm)
+	}
+	run(s, c, 200*time.Second, time.Second)
+	if rec := recordOf(t, s, rid); rec.Outcome == OutcomeInflight || rec.Outcome == OutcomeFailedForced {
+		t.Fatalf("record %+v, want the request served once the slow rank's share landed", rec)
+	}
+}

@@ -132,6 +132,10 @@ type xfer struct {
 	wedge   [TransferQueues]*sender // the stuck handle each worker waits on
 	workers [TransferQueues]worker
 	orphans []orphan
+	// speed is each queue's link speed, a factor of the planned one: each
+	// TP rank writes to its own decode peer over its own link. A property
+	// of the network, so a restart keeps it (SetLinkSpeed).
+	speed [TransferQueues]float64
 }
 
 // xf is attention-TP rank tp's transfer side: the leader's (0) or a peer's.
@@ -157,7 +161,7 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 		return
 	}
 	w := &x.workers[qi]
-	speed := r.speed[qi]
+	speed := x.speed[qi]
 	for w.clock.Before(now) {
 		if x.wedge[qi] != nil {
 			r.markBehind(x, qi)
@@ -282,14 +286,26 @@ func (r *rank) holds(qi int, chunk int64, now time.Time) bool {
 // SetLinkSpeed sets the speed of the link behind transfer queue `queue` of
 // rank `rank` to `speed` times the planned one, from the clock's present
 // time on: 0.01 makes each chunk take 100 times as long, 0 stops it until
-// the speed changes again. A rank or queue of -1 means all of them. The
-// speed survives restarts (it is the network's).
+// the speed changes again. A rank or queue of -1 means all of them, on
+// every attention-TP rank. The speed survives restarts (it is the
+// network's).
 func (s *Sim) SetLinkSpeed(rank, queue int, speed float64) error {
+	return s.SetTPLinkSpeed(rank, -1, queue, speed)
+}
+
+// SetTPLinkSpeed is SetLinkSpeed for the links of attention-TP rank tp
+// alone (0: the leader; -1: every one): each rank of the group writes to
+// its own decode peer, so one rank's link can be slow while the others'
+// are not.
+func (s *Sim) SetTPLinkSpeed(rank, tp, queue int, speed float64) error {
 	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed < 0 {
 		return errors.New("sglangsim: a link speed is a finite number >= 0")
 	}
 	if queue < -1 || queue >= TransferQueues {
 		return errors.New("sglangsim: no such transfer queue")
+	}
+	if tp < -1 || tp >= s.opts.AttnTP {
+		return errors.New("sglangsim: no such attention-TP rank")
 	}
 	now := s.clock.Now()
 	for _, r := range s.ranks {
@@ -297,15 +313,17 @@ func (s *Sim) SetLinkSpeed(rank, queue int, speed float64) error {
 			continue
 		}
 		r.mu.Lock()
-		for qi := range r.speed {
-			if queue == -1 || queue == qi {
-				// The worker's time so far went at the old speed, on every
-				// TP rank (they share the link's speed).
-				r.runWorker(qi, now)
-				for _, x := range r.peers {
+		for t := range s.opts.AttnTP {
+			if tp != -1 && t != tp {
+				continue
+			}
+			x := r.xf(t)
+			for qi := range x.speed {
+				if queue == -1 || queue == qi {
+					// The worker's time so far went at the old speed.
 					r.run(x, qi, now)
+					x.speed[qi] = speed
 				}
-				r.speed[qi] = speed
 			}
 		}
 		r.mu.Unlock()

@@ -280,7 +280,7 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 		for nextLink < len(t.links) && t.links[nextLink].at <= el {
 			lc := t.links[nextLink]
 			nextLink++
-			if err := sim.SetLinkSpeed(-1, lc.queue, lc.speed); err != nil {
+			if err := sim.SetTPLinkSpeed(-1, lc.tp, lc.queue, lc.speed); err != nil {
 				return nil, err
 			}
 		}

@@ -94,9 +94,11 @@ func (b *slBuilder) uniform(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(b.rng.Float64()*float64(hi-lo))
 }
 
-func (b *slBuilder) slowLinks(queue int, speed float64) {
-	b.t.links = append(b.t.links, linkChange{at: slowWindow[0], queue: queue, speed: speed},
-		linkChange{at: slowWindow[1], queue: queue, speed: 1})
+// slowLinks slows queue (-1: every queue) of attention-TP rank tp (-1:
+// every rank) down to speed for slowWindow.
+func (b *slBuilder) slowLinks(tp, queue int, speed float64) {
+	b.t.links = append(b.t.links, linkChange{at: slowWindow[0], tp: tp, queue: queue, speed: speed},
+		linkChange{at: slowWindow[1], tp: tp, queue: queue, speed: 1})
 }
 
 // queue1Port is a decode endpoint whose rooms take transfer queue 1
@@ -118,13 +120,13 @@ func slowlinkClasses() []slClass {
 		{name: "huge-chunk", what: "1% of requests carry 64k-128k-token prompts in one chunk (32-64 times a median prompt's transfer)",
 			add: func(b *slBuilder) { long(b, 1) }},
 		{name: "link-10pct-one", what: "queue 1 of every rank at 10% speed for 10 min",
-			add: func(b *slBuilder) { b.slowLinks(1, 0.1) }},
+			add: func(b *slBuilder) { b.slowLinks(-1, 1, 0.1) }},
 		{name: "link-1pct-one", what: "queue 1 of every rank at 1% speed for 10 min",
-			add: func(b *slBuilder) { b.slowLinks(1, 0.01) }},
+			add: func(b *slBuilder) { b.slowLinks(-1, 1, 0.01) }},
 		{name: "link-10pct-all", what: "every queue at 10% speed for 10 min",
-			add: func(b *slBuilder) { b.slowLinks(-1, 0.1) }},
+			add: func(b *slBuilder) { b.slowLinks(-1, -1, 0.1) }},
 		{name: "link-1pct-all", what: "every queue at 1% speed for 10 min",
-			add: func(b *slBuilder) { b.slowLinks(-1, 0.01) }},
+			add: func(b *slBuilder) { b.slowLinks(-1, -1, 0.01) }},
 		{name: "burst", what: "three bursts of 1,000 requests within a second",
 			add: func(b *slBuilder) {
 				for _, at := range []time.Duration{5 * time.Minute, 10 * time.Minute, 15 * time.Minute} {
@@ -135,7 +137,7 @@ func slowlinkClasses() []slClass {
 			}},
 		{name: "abort-behind-slow", what: "queue 1 at 10% for 10 min; 100 rooms bound for it aborted by their clients 20 s after arrival",
 			add: func(b *slBuilder) {
-				b.slowLinks(1, 0.1)
+				b.slowLinks(-1, 1, 0.1)
 				for range 100 {
 					a := b.request(b.uniform(slowWindow[0], slowWindow[1]), b.prompt(), func(s *sglangsim.RequestSpec) { s.DecodePort = queue1Port })
 					a.abortAfter = 20 * time.Second
@@ -151,6 +153,12 @@ func slowlinkClasses() []slClass {
 					b.request(b.uniform(2*time.Minute, b.traffic-2*time.Minute), b.prompt(), func(s *sglangsim.RequestSpec) {
 						s.Behavior = sglangsim.BehaviorPinStuckHandle
 					})
+				}
+			}},
+		{name: "tp-nonleader-slowlink", tp: true, what: "attention TP (-attn-tp, at least 2): queue 1 of every non-leader TP rank at 1% speed for 10 min, the leader's at full speed",
+			add: func(b *slBuilder) {
+				for t := 1; t < b.attnTP; t++ {
+					b.slowLinks(t, 1, 0.01)
 				}
 			}},
 		{name: "tp-nonleader-wedge", stuck: true, tp: true, what: "attention TP (-attn-tp, at least 2): 10 pairs of hung handles on one rank and decode endpoint, the first on the leader, the second 5 to 30 s later on every other TP rank (it waits behind the first on the leader, hangs on the others), and 10 lone hung handles on the non-leader ranks",

@@ -27,9 +27,11 @@ type arrival struct {
 }
 
 // linkChange sets the link speed of one transfer queue (-1: all) of every
-// rank at `at` (sglangsim.SetLinkSpeed).
+// rank, on one attention-TP rank (-1: all), at `at`
+// (sglangsim.SetTPLinkSpeed).
 type linkChange struct {
 	at    time.Duration
+	tp    int
 	queue int
 	speed float64
 }
