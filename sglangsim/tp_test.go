@@ -77,14 +77,7 @@ func TestTPNonLeaderWedge(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, c := newSim(t, tc.o)
-			rid, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{1}, DecodePort: 17002,
-				Transfer: 2 * time.Second, PromptTokens: 4096})
-			run(s, c, 30*time.Second, 100*time.Millisecond)
-			l := s.Listing(0)
-			rm, ok := room(l, rid)
-			if !ok {
-				t.Fatalf("the room left the inflight queue while a rank still sends: %+v", recordOf(t, s, rid))
-			}
+			rid, _, rm := hungOnRanks(t, s, c, []int{1}, 30*time.Second)
 			if rm.Poll != pluginapi.PollSuccess || *rm.TransferInFlight != tc.inFlight {
 				t.Fatalf("listed %+v, want the leader's Success and transfer_in_flight %v", rm, tc.inFlight)
 			}
@@ -196,13 +189,10 @@ func TestTPOtherRankChunkSettles(t *testing.T) {
 // every listing, and not on the leader's.
 func TestTPPeerTransferWorkers(t *testing.T) {
 	s, c := newSim(t, Options{AttnTP: 2})
-	rid, rm := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: []int{1}, DecodePort: 17002,
-		Transfer: 2 * time.Second, PromptTokens: 4096})
-	run(s, c, 30*time.Second, 100*time.Millisecond)
+	_, rm, r := hungOnRanks(t, s, c, []int{1}, 30*time.Second)
 	l := s.Listing(0)
-	r, ok := room(l, rid)
-	if !ok || r.TransferQueue == nil || r.PeerChunksQueued == nil {
-		t.Fatalf("listed %+v %v, want the room with its queue and peer_chunks_queued", r, ok)
+	if r.TransferQueue == nil || r.PeerChunksQueued == nil {
+		t.Fatalf("listed %+v, want the room with its queue and peer_chunks_queued", r)
 	}
 	qi := *r.TransferQueue
 	if len(l.PeerTransferWorkers) != 1 || l.PeerTransferWorkers[0].Rank != "tp1-cp0" {
@@ -270,14 +260,8 @@ func TestTPPeerWorkersUnlisted(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, c := newSim(t, tc.o)
-			rid, _ := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: tc.pins, DecodePort: 17002,
-				Transfer: 2 * time.Second, PromptTokens: 4096})
-			run(s, c, 10*time.Second, 100*time.Millisecond)
+			_, _, r := hungOnRanks(t, s, c, tc.pins, 10*time.Second)
 			l := s.Listing(0)
-			r, ok := room(l, rid)
-			if !ok {
-				t.Fatalf("the room left the inflight queue: %+v", recordOf(t, s, rid))
-			}
 			if (l.TransferWorkers != nil) != tc.workers {
 				t.Fatalf("transfer_workers %+v, want listed: %v", l.TransferWorkers, tc.workers)
 			}
@@ -323,4 +307,20 @@ func TestTPLinkSpeedOfOneRank(t *testing.T) {
 	if rec := recordOf(t, s, rid); rec.Outcome == OutcomeInflight || rec.Outcome == OutcomeFailedForced {
 		t.Fatalf("record %+v, want the request served once the slow rank's share landed", rec)
 	}
+}
+
+// hungOnRanks submits a 4,096-token request to decode port 17002 whose
+// handle hangs on the attention-TP ranks pins, runs the simulator for d,
+// and returns its rid, its room and the leader's row of it (failing the
+// test if it left the inflight queue).
+func hungOnRanks(t *testing.T, s *Sim, c *clock.Fake, pins []int, d time.Duration) (string, uint64, pluginapi.Room) {
+	t.Helper()
+	rid, rm := s.Submit(RequestSpec{Behavior: BehaviorPinStuckHandle, PinTPRanks: pins, DecodePort: 17002,
+		Transfer: 2 * time.Second, PromptTokens: 4096})
+	run(s, c, d, 100*time.Millisecond)
+	r, ok := room(s.Listing(0), rid)
+	if !ok {
+		t.Fatalf("the room left the inflight queue while a rank still sends: %+v", recordOf(t, s, rid))
+	}
+	return rid, rm, r
 }
