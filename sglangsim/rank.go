@@ -365,7 +365,7 @@ func (r *rank) reset(gen int) {
 	r.iterations = 0
 	r.lastIter = time.Time{}
 	// The links' speeds are the network's: a restart keeps them.
-	r.xfer = xfer{speed: r.xfer.speed}
+	r.xfer = xfer{speed: r.speed}
 	for _, x := range r.peers {
 		*x = xfer{speed: x.speed}
 	}
