@@ -16,7 +16,7 @@ PY=${CONFORMANCE_PYTHON:-/usr/bin/python3}
 # threads in class-level state that one backend's tests must not hand the other.
 run() {
   local src=$1 name=$2 part rc=0
-  for part in nixl mooncake other; do
+  for part in nixl mooncake ascend other; do
     echo "conformance: SGLang $name ($src), $part"
     (cd sglang_plugin && SGLANG_SRC="$src" timeout 900 "$PY" -W ignore -m conformance_tests "$part") || rc=1
   done

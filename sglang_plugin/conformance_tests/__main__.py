@@ -16,7 +16,7 @@ import os
 import sys
 import unittest
 
-BACKENDS = ("nixl", "mooncake")
+BACKENDS = ("nixl", "mooncake", "ascend")
 
 
 def _tests(suite):

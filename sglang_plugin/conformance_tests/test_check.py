@@ -56,3 +56,22 @@ class UserCheck(unittest.TestCase):
         self.assertRegex(nixl, r"stuck request, plugin force-fail +released")
         self.assertIn("verdict: safe to turn --force-fail.mode=auto on for nixl", self.out)
         self.assertIn("verdict: safe to turn --force-fail.mode=auto on for mooncake", self.out)
+
+    def test_ascend_on_request(self):
+        """SGLang's Ascend backend (Mooncake's classes over the Ascend engine), checked with --backend ascend where
+        the release has it: the same levers as Mooncake's."""
+        env = dict(os.environ, PYTHONPATH=_PLUGIN_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "sglang_watchdog_plugin.conformance.check",
+                               "--backend", "ascend", "--timeout", "120"], cwd=_PLUGIN_DIR, env=env,
+                              capture_output=True, text=True, timeout=180)
+        if "not checked" in proc.stdout:
+            self.assertEqual(proc.returncode, 2, proc.stdout)
+            self.assertRegex(proc.stdout, r"(?m)^verdict: nothing to turn on for ascend: this release has no ascend")
+            return
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:] + proc.stdout)
+        self.assertNotRegex(proc.stdout, r"(?m)^(nixl|mooncake)$", "checked a backend not asked for")
+        self.assertRegex(proc.stdout, r"(?m)^verdict: .* for ascend\b")
+        if "v0.5.18" in os.path.basename(os.environ.get("SGLANG_SRC", "").rstrip("/")):
+            self.assertRegex(proc.stdout, r"stuck request, plugin force-fail +released: 200 flipped, left the queue as "
+                                          r"FINISH_ABORT")
+            self.assertIn("verdict: safe to turn --force-fail.mode=auto on for ascend", proc.stdout)

@@ -168,5 +168,17 @@ class Mooncake(_Backend, unittest.TestCase):
     backend = "mooncake"
 
 
+class Ascend(_Backend, unittest.TestCase):
+    """SGLang's Ascend backend: Mooncake's manager, sender and receiver over the Ascend transfer engine, which
+    the harness fakes as it fakes Mooncake's (conformance/transports.py)."""
+
+    backend = "ascend"
+
+    def setUp(self):
+        if self.backend in _RT.missing:
+            self.skipTest(_RT.missing[self.backend])
+        super().setUp()
+
+
 if __name__ == "__main__":
     unittest.main()

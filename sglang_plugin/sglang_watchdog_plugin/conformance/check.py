@@ -51,12 +51,22 @@ class Result:
         self.health_check_ok = None
         self.errors = []  # what went wrong, in words
         self.scheduler_errors = []
+        self.absent = None  # why this SGLang has no such backend, where it has none
+
+    @classmethod
+    def unavailable(cls, backend, why):
+        res = cls(backend)
+        res.absent = why
+        res.row("not checked", why)
+        return res
 
     def row(self, check, text):
         self.rows.append((check, text))
 
     def verdict(self):
         b = self.backend
+        if self.absent:
+            return f"nothing to turn on for {b}: {self.absent}"
         if self.errors:
             return f"NOT safe to turn {FLAG} on for {b}: the check could not finish ({self.errors[0]})"
         if self.scheduler_errors:
@@ -273,7 +283,7 @@ def _print_report(rt, results, out):
     out.write(f"  SGLang        {version}\n")
     out.write(f"  from          {how}: {source}\n")
     out.write(f"  plugin loaded {'by sglang.srt.plugins (load_plugins, hook registry)' if rt.plugin_framework else 'by its .pth autoloader (no plugin framework in this SGLang)'}\n")
-    out.write(f"  transports    fake NIXL agent and Mooncake engine (this check moves no bytes; no GPU used)\n")
+    out.write(f"  transports    fake NIXL agent, Mooncake and Ascend engines (this check moves no bytes; no GPU used)\n")
     if loader.loaded.placeholders:
         out.write(f"  stood in for  {len(loader.loaded.placeholders)} modules SGLang's PD path never calls "
                   f"(missing or too old here)\n")
@@ -291,8 +301,8 @@ def _print_report(rt, results, out):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m sglang_watchdog_plugin.conformance.check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", action="append", choices=runtime.BACKENDS,
-                        help="check only this backend (repeatable; default: all)")
+    parser.add_argument("--backend", action="append", choices=runtime.BACKENDS + runtime.OPTIONAL_BACKENDS,
+                        help="check only this backend (repeatable; default: nixl and mooncake; ascend on request)")
     parser.add_argument("--timeout", type=float, default=float(os.environ.get("SGLANG_WATCHDOG_CHECK_TIMEOUT", 240)),
                         help="give up after this many seconds in all (default 240)")
     args = parser.parse_args(argv)
@@ -322,10 +332,12 @@ def main(argv=None):
             traceback.print_exc()
         return 2
     abort_reached = abort_reaches_inflight_queue(loader.loaded.source or "")
-    results = [check_backend(rt, backend, abort_reached, timeout=15) for backend in (args.backend or runtime.BACKENDS)]
+    results = [check_backend(rt, backend, abort_reached, timeout=15) if backend not in rt.missing
+               else Result.unavailable(backend, rt.missing[backend])
+               for backend in (args.backend or runtime.BACKENDS)]
     _print_report(rt, results, out)
     timer.cancel()
-    return 0 if any(not r.errors for r in results) else 2
+    return 0 if any(not r.errors and not r.absent for r in results) else 2
 
 
 if __name__ == "__main__":

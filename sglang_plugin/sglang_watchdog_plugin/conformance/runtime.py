@@ -24,6 +24,10 @@ from . import loader, transports
 
 
 BACKENDS = ("nixl", "mooncake")
+# Backends of some releases only, in the conformance suite alone: Ascend (from v0.4.10) is Mooncake's
+# manager, sender and receiver over another engine (disaggregation/ascend/conn.py).
+OPTIONAL_BACKENDS = ("ascend",)
+MOONCAKE_LIKE = ("mooncake", "ascend")
 
 
 def free_port():
@@ -51,6 +55,12 @@ class Runtime:
             "sglang.srt.disaggregation.utils",
         )
         self.conns = dict(zip(BACKENDS, loader.load(*(f"sglang.srt.disaggregation.{b}.conn" for b in BACKENDS))))
+        self.missing = {}  # optional backend -> why this release has none
+        for backend in OPTIONAL_BACKENDS:
+            try:
+                self.conns[backend] = loader.load(f"sglang.srt.disaggregation.{backend}.conn")[0]
+            except ImportError as e:
+                self.missing[backend] = f"this release has no {backend} backend that imports ({e})"
         if plugin and self.plugin_framework:
             _entry_point()
             loader.load("sglang.srt.plugins")[0].load_plugins()
@@ -201,13 +211,14 @@ class Runtime:
             server_args = self._server_args_for(backend)
         mode = self.Mode.PREFILL if mode == "prefill" else self.Mode.DECODE
         if backend == "mooncake":
-            self._shared_mooncake_engine()
+            self._shared_mooncake_engine()  # Ascend's manager makes its own engine (init_engine)
         kv_args = self.kv_args(backend, mode)
         kv_args.engine_rank = attn_tp[0]
-        # is_mla_backend on Mooncake: its MHA layout splits the pool's buffers into K and V halves, which
-        # leaves the one-buffer pool here no layer to send, so its KV would never reach the transport;
+        # is_mla_backend on Mooncake (and Ascend, its subclass): its MHA layout splits the pool's buffers into K
+        # and V halves, which leaves the one-buffer pool here no layer to send, so its KV would never reach the
+        # transport;
         # the MLA layout sends that buffer as the one layer it is. NIXL sends it either way.
-        args = [kv_args, mode, server_args, backend == "mooncake"]
+        args = [kv_args, mode, server_args, backend in MOONCAKE_LIKE]
         args = args[: len(inspect.signature(Manager).parameters)]
         with self.attn_tp(*attn_tp):
             return self._build(Manager, args)

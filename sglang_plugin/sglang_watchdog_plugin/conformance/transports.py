@@ -425,6 +425,23 @@ class MooncakeEngine:
         return lambda *args, **kwargs: 0
 
 
+class AscendEngine(MooncakeEngine):
+    """The Ascend transfer engine (``memfabric_hybrid.TransferEngine``, ``mf_adapter`` before v0.5.10), which
+    SGLang's Ascend backend drives through its Mooncake engine wrapper (``AscendTransferEngine``): the same
+    synchronous calls, so the same fake."""
+
+    TransDataOpType = types.SimpleNamespace(SDMA="SDMA", DEVICE_RDMA="DEVICE_RDMA")
+
+
+def _ascend_modules():
+    modules = {}
+    for name in ("memfabric_hybrid", "mf_adapter"):
+        module = types.ModuleType(name)
+        module.TransferEngine = AscendEngine
+        modules[name] = module
+    return modules
+
+
 def _mooncake_modules():
     mooncake = types.ModuleType("mooncake")
     mooncake.__path__ = []
@@ -435,7 +452,7 @@ def _mooncake_modules():
 
 
 def install():
-    """Puts the fake NIXL and Mooncake libraries in place of any real ones, in this process."""
-    for modules in (_nixl_modules(), _mooncake_modules()):
+    """Puts the fake NIXL, Mooncake and Ascend libraries in place of any real ones, in this process."""
+    for modules in (_nixl_modules(), _mooncake_modules(), _ascend_modules()):
         for name, module in modules.items():
             install_module(name, module)
