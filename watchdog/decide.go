@@ -92,11 +92,11 @@ func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, 
 		return chunkOverdue(ws, now, cfg)
 	case own && r.chunksQueued > 0:
 		return false
-	case r.peerChunksQueued > 0:
-		return !young && behindPeerWedge(room, rk, now, cfg)
-	case r.peerChunks != "":
+	case r.peerChunksQueued > 0 || r.peerChunks != "":
+		// Held or queued on other ranks: stuck once any share of it
+		// never ends there, whatever the other shares do.
 		_, _, pw := overduePeerChunk(room, rk, now, cfg)
-		return !young && pw != nil
+		return !young && (pw != nil || behindPeerWedge(room, rk, now, cfg))
 	case !own || (r.inFlightKnown && r.inFlight):
 		return stalled(r, rk, now, cfg, 2*cfg.Deadline)
 	}

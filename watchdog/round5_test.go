@@ -62,6 +62,7 @@ func TestPeerChunkJudgedByItsOwnRank(t *testing.T) {
 		{"queued on the peer behind an overdue chunk", held(9, 10000), slowLink, false, 1, true, 11000, true},
 		{"queued on the peer behind an overdue chunk, younger than the deadline", held(9, 10000), slowLink, false, 1, true, 59, false},
 		{"queued on the peer, its queue not listed", held(9, 10000), slowLink, false, 1, false, 11000, false},
+		{"held past its allowance on the peer, another chunk queued there behind a live one", held(1, 10000), slowLink, true, 1, false, 11000, true},
 		{"in flight on a rank whose worker is not listed, within twice the deadline", nil, 0, true, 0, false, 119, false},
 		{"in flight on a rank whose worker is not listed, past twice the deadline", nil, 0, true, 0, false, 120, true},
 		{"nothing anywhere: the silent pin", nil, 0, false, 0, false, 61, true},
