@@ -100,7 +100,10 @@ class _PPBackend:
     def admit(self, behaviours):
         """One request on both stages, with each stage's transfer behaving as given."""
         rid = f"pp-{next(_rids)}"
-        return [stage.admit(next(_rooms), behaviour, rid=rid) for stage, behaviour in zip(self.stages, behaviours)]
+        reqs = [stage.admit(next(_rooms), behaviour, rid=rid) for stage, behaviour in zip(self.stages, behaviours)]
+        # Before anything is done to the request: stage 0 may release it, and count it, as soon as it is failed.
+        self.failed_before = self.stages[0].scheduler.metrics_collector.transfer_failed_reqs
+        return reqs
 
     def test_each_stage_lists_itself_and_the_request(self):
         reqs = self.admit((transports.HANG, transports.HANG))
@@ -175,12 +178,11 @@ class _PPBackend:
         the rids pop_transferred returned, which are the transferred ones: a failed rid never reaches the later
         stages, which keep the request queued, Failed, for good (SGLang v0.5.10 to v0.5.18)."""
         first, later = self.stages[0], self.stages[1]
-        counted = first.scheduler.metrics_collector.transfer_failed_reqs
         _until(lambda: not first.queued(reqs[0].rid), 10, "stage 0 to let the request go")
         self.assertEqual(type(reqs[0].finished_reason).__name__, "FINISH_ABORT")
         self.assertFalse(first.transferred(reqs[0].rid), "stage 0 went on to decode a failed request")
         self.assertIsNone(first.listed(reqs[0].rid))
-        self.assertEqual(first.scheduler.metrics_collector.transfer_failed_reqs, counted + 1)
+        self.assertEqual(first.scheduler.metrics_collector.transfer_failed_reqs, self.failed_before + 1)
         self._iterations(20)
         self.assertEqual(later.queue_of(reqs[1].rid), "transfer", "a later stage let a failed request go")
         self.assertFalse(later.transferred(reqs[1].rid), "a later stage went on to decode a failed request")
