@@ -104,8 +104,10 @@ func (w *Watchdog) candidates(now time.Time, onRank func(*rankState) bool) []can
 		}
 		for key, r := range rk.rooms {
 			// A room on a queue whose wedge is ordered is failed by the
-			// order, with every other room behind the same wedge.
-			if (!r.stuck && !r.early) || w.leftToOrder(rk, r.queue) {
+			// order, with every other room behind the same wedge; not one
+			// whose share on this rank was sent (Success), which the order
+			// leaves alone: another rank of its group holds it.
+			if (!r.stuck && !r.early) || (w.leftToOrder(rk, r.queue) && r.poll != pluginapi.PollSuccess) {
 				continue
 			}
 			k := reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}

@@ -143,3 +143,33 @@ func TestRoomsBehindAPeerWedgeReleased(t *testing.T) {
 		t.Fatalf("calls %v, want the hung room and the room behind it force-failed once", got)
 	}
 }
+
+// A room whose share on the leader was sent (Success) while another rank
+// hangs on its own share is force-failed, even where the leader's queue it
+// was listed on has a wedge order standing: the order fails the rooms
+// behind the leader's wedge, and leaves a Success room alone (the plugin
+// answers for it only to a force-fail, which pulls the levers while
+// another rank still sends).
+func TestPeerHungRoomNotLeftToALeaderWedgeOrder(t *testing.T) {
+	p := tp2Rank()
+	h := newMulti(t, []*fakePlugin{p}, func(c *Config) { c.FailFast, c.FailFastPerMinute = true, 100 })
+	peerHung := r4room("peer-hung", 2, 0, 0, 0)
+	peerHung.Poll, peerHung.TransferInFlight, peerHung.PeerChunksQueued = pluginapi.PollSuccess, boolp(true), intp(0)
+	p.set(r4room("head", 1, 0, 0, 0), peerHung)
+	// The leader's worker hangs on head (one page at 64 pages/s: overdue at
+	// the deadline); rank 1's on peer-hung (one page at 64 pages in 50 s:
+	// 156 s).
+	p.hold(0, 5, 1, 1, 0)
+	p.peers[0].TransferWorkers[0].InFlight = &pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: 2, Pages: 1}
+	h.tick(150)
+	if p.orderCount() == 0 || holds(p, "head") {
+		t.Fatalf("orders %d, head held %v: want the leader's wedge ordered and head failed by it", p.orderCount(), holds(p, "head"))
+	}
+	if got := calledRIDs(p); got["peer-hung"] != 0 {
+		t.Fatalf("calls %v within rank 1's allowance", got)
+	}
+	h.tick(20)
+	if got := calledRIDs(p); got["peer-hung"] != 1 {
+		t.Fatalf("calls %v, want peer-hung force-failed once past rank 1's allowance, not left to the order", got)
+	}
+}
