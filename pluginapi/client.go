@@ -370,6 +370,22 @@ func validateWorker(tw *TransferWorker, queues *int) error {
 			return fmt.Errorf("(queue %d) has in_flight.pages %d, want >= 0", q, c.Pages)
 		case math.IsNaN(c.Seconds) || c.Seconds < 0:
 			return fmt.Errorf("(queue %d) has in_flight.seconds %v, want >= 0", q, c.Seconds)
+		case len(c.Link) > MaxLinkLength:
+			return fmt.Errorf("(queue %d) has an in_flight.link of %d bytes, want at most %d", q, len(c.Link), MaxLinkLength)
+		}
+	}
+	for j, f := range tw.Finished {
+		switch {
+		case f.Chunk < 0:
+			return fmt.Errorf("(queue %d) has finished[%d].chunk %d, want >= 0", q, j, f.Chunk)
+		case f.Pages < 0:
+			return fmt.Errorf("(queue %d) has finished[%d].pages %d, want >= 0", q, j, f.Pages)
+		case math.IsNaN(f.Seconds) || math.IsInf(f.Seconds, 0) || f.Seconds < 0:
+			return fmt.Errorf("(queue %d) has finished[%d].seconds %v, want a finite number >= 0", q, j, f.Seconds)
+		case len(f.Link) > MaxLinkLength:
+			return fmt.Errorf("(queue %d) has a finished[%d].link of %d bytes, want at most %d", q, j, len(f.Link), MaxLinkLength)
+		case j > 0 && f.Chunk <= tw.Finished[j-1].Chunk:
+			return fmt.Errorf("(queue %d) has finished[%d].chunk %d after %d, want increasing chunk numbers", q, j, f.Chunk, tw.Finished[j-1].Chunk)
 		}
 	}
 	for j, s := range tw.Recent {

@@ -564,7 +564,7 @@ func (d *fastDecoder) transferWorkers() ([]TransferWorker, bool) {
 	isNull, ok := d.array(func() bool {
 		out = append(out, TransferWorker{})
 		tw := &out[len(out)-1]
-		var inFlightSeen, recentSeen, queuedSeen bool
+		var inFlightSeen, recentSeen, queuedSeen, finishedSeen bool
 		return d.object(func(k []byte) bool {
 			var ok bool
 			switch string(k) {
@@ -594,6 +594,12 @@ func (d *fastDecoder) transferWorkers() ([]TransferWorker, bool) {
 				}
 				queuedSeen = true
 				tw.QueuedRooms, ok = d.uint64s()
+			case "finished":
+				if finishedSeen {
+					return false
+				}
+				finishedSeen = true
+				tw.Finished, ok = d.finished()
 			}
 			return ok
 		})
@@ -622,9 +628,38 @@ func (d *fastDecoder) chunkInFlight() (*ChunkInFlight, bool) {
 			c.LastChunk, ok = d.boolv()
 		case "seconds":
 			c.Seconds, ok = d.float64v()
+		case "link":
+			c.Link, ok = d.str()
 		}
 		return ok
 	})
+}
+
+// finished parses transfer_workers[].finished.
+func (d *fastDecoder) finished() ([]FinishedChunk, bool) {
+	out := []FinishedChunk{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, FinishedChunk{})
+		f := &out[len(out)-1]
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "chunk":
+				f.Chunk, ok = d.int64v(64)
+			case "pages":
+				f.Pages, ok = d.intv()
+			case "seconds":
+				f.Seconds, ok = d.float64v()
+			case "link":
+				f.Link, ok = d.str()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
 }
 
 // samples parses recent: pairs of exactly two numbers. encoding/json

@@ -147,8 +147,13 @@ type TransferWorker struct {
 	// InFlight is the chunk in the worker's hands; nil while it waits.
 	InFlight *ChunkInFlight `json:"in_flight"`
 	// Recent holds [pages, seconds] of the chunks it finished last,
-	// oldest first.
+	// oldest first. Kept for watchdogs that predate Finished, which
+	// carries the same chunks with their number and link.
 	Recent [][2]float64 `json:"recent"`
+	// Finished holds the chunks with KV pages it finished last, oldest
+	// first, each with its number and link; nil from plugins that predate
+	// per-link pacing (docs/plugin-api.md, "Links").
+	Finished []FinishedChunk `json:"finished,omitempty"`
 	// QueuedRooms are the rooms with a chunk waiting in this queue, in
 	// queue order: listed for the other ranks' workers only (round 5),
 	// whose rooms the leader's listing does not place on a queue.
@@ -162,7 +167,23 @@ type ChunkInFlight struct {
 	Pages         int     `json:"pages"`
 	LastChunk     bool    `json:"last_chunk"`
 	Seconds       float64 `json:"seconds"`
+	// Link names the decode destinations the chunk is sent to; "" where
+	// the plugin could not tell (docs/plugin-api.md, "Links").
+	Link string `json:"link,omitempty"`
 }
+
+// FinishedChunk is one chunk a transfer worker finished: its number (as
+// in_flight.chunk), KV pages, seconds in the worker's hands, and link.
+type FinishedChunk struct {
+	Chunk   int64   `json:"chunk"`
+	Pages   int     `json:"pages"`
+	Seconds float64 `json:"seconds"`
+	Link    string  `json:"link"`
+}
+
+// MaxLinkLength bounds a link name: a plugin names a room's decode
+// destinations with at most this many bytes (longer sets are hashed).
+const MaxLinkLength = 256
 
 // WedgeOrderState is a standing wedge order as the listing reports it.
 type WedgeOrderState struct {

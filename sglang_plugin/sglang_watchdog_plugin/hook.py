@@ -191,6 +191,9 @@ def _publish(scheduler, identity):
     """A non-leader prefill rank: its outstanding chunks, for the leader's listing (peers.py)."""
     manager = getattr(getattr(scheduler, "disagg_prefill_bootstrap_queue", None), "kv_manager", None)
     folder = peers.directory(scheduler, identity)
+    queues = getattr(manager, "transfer_queues", None)
+    for queue in queues if isinstance(queues, list) else ():
+        transfer_watch.bind_links(queue, manager)
     _publishers[scheduler] = peers.Publisher(folder, identity, manager).start()
     logger.info("sglang-watchdog plugin publishes the transfers of attn_tp_rank=%d attn_cp_rank=%d to %s",
                 identity.attn_tp_rank, identity.attn_cp_rank, folder)

@@ -206,6 +206,7 @@ class Monitor:
         for queue in queues:
             if not transfer_watch.watched(queue):
                 transfer_watch.install(type(queue))
+            transfer_watch.bind_links(queue, manager)
         if all(transfer_watch.watched(queue) for queue in queues):
             self.workers = tuple(queues)
 

@@ -20,9 +20,20 @@ state is one immutable ``WorkerState``, replaced by a single attribute
 assignment, so a reader sees either the old or the new one. Each chunk costs
 O(1) (the ring is at most RECENT long). Nothing here may raise into the
 worker: every step is guarded, and SGLang's own ``get`` runs as it would.
+
+Each chunk also names its link: the decode destinations its room is sent
+to, read when the worker takes it from the manager's ``transfer_infos``
+(``{room: {destination: TransferInfo}}`` in every release with transfer
+workers: NIXL keys a destination by its decode agent name, Mooncake and
+Ascend by the decode engine's session id, ``host:port``). The worker sends
+the chunk to each of them in turn, so the set is the link whose pace the
+chunk shows. A queue's workers are serial but not bound to one
+destination: SGLang puts a room on the queue its destinations' port sum
+hashes to, so destinations of any speed share a queue.
 """
 
 import functools
+import hashlib
 import importlib
 import logging
 import sys
@@ -34,7 +45,9 @@ logger = logging.getLogger("sglang_watchdog_plugin")
 RECENT = 32
 FASTQUEUE_MODULE = "sglang.srt.disaggregation.common.utils"
 _STATE = "_sglang_watchdog_worker"
+_LINKS = "_sglang_watchdog_transfer_infos"
 _MARK = "__sglang_watchdog_watch__"
+MAX_LINK = 256  # bytes of a link name; a longer destination set is named by its hash
 
 
 class Chunk(NamedTuple):
@@ -43,12 +56,13 @@ class Chunk(NamedTuple):
     pages: int
     last_chunk: bool
     taken: float  # time.monotonic()
+    link: str = ""  # the room's decode destinations; "" where unknown
 
 
 class WorkerState(NamedTuple):
     taken: int  # chunks taken since the watch saw the worker first
     chunk: Chunk | None  # in the worker's hands; None while it waits for one
-    recent: tuple  # ((pages, seconds), ...) of finished chunks with pages, oldest first
+    recent: tuple  # ((pages, seconds, number, link), ...) of finished chunks with pages, oldest first
 
 
 _IDLE = WorkerState(0, None, ())
@@ -76,6 +90,40 @@ def install(queue_class=None):
         return True
     except Exception:  # no such module on this release (v0.4.6), or a class that will not take it
         logger.debug("sglang-watchdog plugin does not watch transfer worker queues here", exc_info=True)
+        return False
+
+
+def bind_links(queue, manager):
+    """Names the links of this queue's chunks from the manager's ``transfer_infos``. Never raises."""
+    try:
+        infos = getattr(manager, "transfer_infos", None)
+        if isinstance(infos, dict):
+            queue.__dict__[_LINKS] = infos
+    except Exception:
+        pass
+
+
+def link_of(infos, room):
+    """The link of a room: its destinations' names, sorted, joined by commas ("" where unknown)."""
+    dests = infos.get(room)
+    if dests is None:
+        return ""
+    if isinstance(dests, dict):
+        names = sorted(str(name) for name, info in tuple(dests.items()) if not _dummy(info))
+    else:  # v0.4.6 keeps one TransferInfo per room (and has no transfer workers)
+        names = [f"{dests.endpoint}:{dests.dst_port}"]
+    link = ",".join(names)
+    if len(link.encode()) > MAX_LINK:
+        link = "sha256:" + hashlib.sha256(link.encode()).hexdigest()
+    return link
+
+
+def _dummy(info):
+    """A destination that takes no KV from this rank (attention CP's non-authoritative ranks, v0.5.18)."""
+    is_dummy = getattr(info, "is_dummy", None)
+    try:
+        return bool(is_dummy()) if callable(is_dummy) else False
+    except Exception:
         return False
 
 
@@ -107,7 +155,7 @@ def _finish(queue):
             return
         recent = state.recent
         if chunk.pages > 0:
-            recent = (recent + ((chunk.pages, time.monotonic() - chunk.taken),))[-RECENT:]
+            recent = (recent + ((chunk.pages, time.monotonic() - chunk.taken, chunk.number, chunk.link),))[-RECENT:]
         queue.__dict__[_STATE] = WorkerState(state.taken, None, recent)
     except Exception:
         pass
@@ -121,10 +169,21 @@ def _take(queue, item):
         # is_last_chunk from v0.5.11 (Mooncake), is_last before (v0.4.10 to v0.5.3).
         last = getattr(item, "is_last_chunk", None)
         last = getattr(item, "is_last", False) if last is None else last
-        chunk = Chunk(number, room if room.__class__ is int else -1, _pages(item), last is True, time.monotonic())
+        room = room if room.__class__ is int else -1
+        chunk = Chunk(number, room, _pages(item), last is True, time.monotonic(), _link(queue, room))
         queue.__dict__[_STATE] = WorkerState(number, chunk, state.recent)
     except Exception:
         pass
+
+
+def _link(queue, room):
+    infos = queue.__dict__.get(_LINKS)
+    if infos is None:
+        return ""
+    try:
+        return link_of(infos, room)
+    except Exception:  # a TransferInfo of another shape: the queue stands for the link
+        return ""
 
 
 def _pages(item):
@@ -182,6 +241,7 @@ def worker_json(index, queue, now):
     """One entry of the listing's transfer_workers."""
     state = state_of(queue)
     chunk = state.chunk if state is not None else None
+    recent = state.recent if state is not None else ()
     return {
         "transfer_queue": index,
         "tracked": state is not None,
@@ -189,9 +249,11 @@ def worker_json(index, queue, now):
         "chunks_taken": state.taken if state is not None else 0,
         "in_flight": None if chunk is None else {
             "chunk": chunk.number, "bootstrap_room": chunk.room, "pages": chunk.pages,
-            "last_chunk": chunk.last_chunk, "seconds": round(max(0.0, now - chunk.taken), 3),
+            "last_chunk": chunk.last_chunk, "seconds": round(max(0.0, now - chunk.taken), 3), "link": chunk.link,
         },
-        "recent": [[pages, round(seconds, 4)] for pages, seconds in state.recent] if state is not None else [],
+        "recent": [[pages, round(seconds, 4)] for pages, seconds, _, _ in recent],
+        "finished": [{"chunk": number, "pages": pages, "seconds": round(seconds, 4), "link": link}
+                     for pages, seconds, number, link in recent],
     }
 
 

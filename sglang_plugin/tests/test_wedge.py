@@ -8,6 +8,7 @@ until the test lets it go, take the next.
 import collections
 import threading
 import time
+import types
 import unittest
 
 from sglang_watchdog_plugin import capabilities, monitor, transfer_watch, wedge
@@ -97,7 +98,8 @@ class WatchTest(unittest.TestCase):
         self.addCleanup(worker.stop)
         harness.wait_until(lambda: transfer_watch.state_of(queue) is not None, message="the worker to wait in get()")
         self.assertEqual(transfer_watch.worker_json(0, queue, time.monotonic()), {
-            "transfer_queue": 0, "tracked": True, "depth": 0, "chunks_taken": 0, "in_flight": None, "recent": []})
+            "transfer_queue": 0, "tracked": True, "depth": 0, "chunks_taken": 0, "in_flight": None, "recent": [],
+            "finished": []})
         queue.put(Chunk(11, 8, last=False))
         queue.put(Chunk(12, 0))  # aux-only last chunk: not in recent
         queue.put(Chunk(12, 3))
@@ -116,6 +118,42 @@ class WatchTest(unittest.TestCase):
         self.assertEqual(row["chunks_taken"], 3)
         self.assertEqual([pages for pages, _ in row["recent"]], [8, 3])
         self.assertGreaterEqual(row["recent"][0][1], 0.05)
+        # The same chunks with their numbers (the aux-only chunk 2 is left out) and links (none bound here).
+        self.assertEqual([(f["chunk"], f["pages"], f["link"]) for f in row["finished"]], [(1, 8, ""), (3, 3, "")])
+        self.assertEqual([f["seconds"] for f in row["finished"]], [s for _, s in row["recent"]])
+
+    def test_each_chunk_names_the_destinations_of_its_room(self):
+        """The link is read from the manager's transfer_infos when the worker takes the chunk: SGLang pops a
+        room's entry once it is sent, so a finished chunk keeps the link it was taken with."""
+
+        class Info:
+            def __init__(self, dummy=False):
+                self.dummy = dummy
+
+            def is_dummy(self):
+                return self.dummy
+
+        manager = types.SimpleNamespace(transfer_infos={
+            21: {"agent-b": Info(), "agent-a": Info()},  # NIXL: decode agent names, in no order
+            22: {"10.0.0.7:17001": Info(), "cp-peer": Info(dummy=True)},  # Mooncake sessions; a CP dummy takes no KV
+            23: {f"decode-agent-{i:03d}-" + "x" * 40: Info() for i in range(8)},  # longer than a link may be
+        })
+        queue = FastQueue()
+        transfer_watch.bind_links(queue, manager)
+        worker = Worker(queue)
+        self.addCleanup(worker.stop)
+        for room in (21, 22, 23, 24):
+            queue.put(Chunk(room, 4))
+        harness.wait_until(lambda: transfer_watch.held_chunk(queue) == 1, message="the first take")
+        self.assertEqual(transfer_watch.worker_json(0, queue, time.monotonic())["in_flight"]["link"], "agent-a,agent-b")
+        manager.transfer_infos.pop(21)  # sent: SGLang forgets the room
+        worker.release(4)
+        harness.wait_until(lambda: len(worker.done) == 4, message="four chunks")
+        harness.wait_until(lambda: transfer_watch.held_chunk(queue) is None, message="the worker to wait")
+        links = [f["link"] for f in transfer_watch.worker_json(0, queue, time.monotonic())["finished"]]
+        self.assertEqual(links[:2], ["agent-a,agent-b", "10.0.0.7:17001"])
+        self.assertTrue(links[2].startswith("sha256:") and len(links[2]) <= transfer_watch.MAX_LINK, links[2])
+        self.assertEqual(links[3], "")  # a room SGLang no longer knows: the queue stands for its link
 
     def test_recent_keeps_the_last_32(self):
         queue = FastQueue()
@@ -126,7 +164,7 @@ class WatchTest(unittest.TestCase):
         worker.release(40)
         harness.wait_until(lambda: len(worker.done) == 40, message="40 chunks")
         harness.wait_until(lambda: transfer_watch.held_chunk(queue) is None, message="the worker to wait")
-        self.assertEqual([pages for pages, _ in transfer_watch.state_of(queue).recent], list(range(9, 41)))
+        self.assertEqual([pages for pages, *_ in transfer_watch.state_of(queue).recent], list(range(9, 41)))
 
     def test_odd_items_never_raise_into_the_worker(self):
         queue = FastQueue()
