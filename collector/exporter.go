@@ -58,7 +58,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		sinceProgress:  desc("seconds_since_progress", "Seconds since any SGLang progress counter (transfer failures, completed KV transfers, prompt tokens, requests, realtime tokens) last moved."),
 		loopStall:      desc("scheduler_loop_stall_seconds", "Seconds since the scheduler loop counter reported by the plugin last advanced. Normal while the inflight queue is empty.", rank...),
 		wedged:         desc("scheduler_wedged", "1 if the inflight queue holds requests and the scheduler loop has not advanced for the stall window; nothing is force-failed on such a rank.", rank...),
-		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error, unsupported), by what triggered them (auto, alert, fail_fast: a room failed by a wedge order) and by the role of the request (prefill, decode).",
+		forceFails: desc("force_fails_total", "Force-fail attempts by outcome (released, unconfirmed, would_flip, not_found, rejected, error, unsupported, group_unwatched: a refusal retried later), by what triggered them (auto, alert, fail_fast: a room failed by a wedge order) and by the role of the request (prefill, decode).",
 			"result", "trigger", "role"),
 		skips: desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live) and role; each request counts once per reason.",
 			"reason", "role"),

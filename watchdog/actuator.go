@@ -425,9 +425,10 @@ func (w *Watchdog) forceFailReason(c candidate, e *entry) string {
 
 // recordCall settles the request's state from the stages' answers: a set
 // lever awaits confirmation (and enters the verdict ledger on prefill), an
-// error is retried with backoff up to MaxAttempts, a dry run is not
-// repeated. It logs the call and returns its event. stopped: no chunk of
-// the room was in flight, on any stage, at the decision nor at the re-read.
+// error or a group_unwatched refusal is retried with backoff up to
+// MaxAttempts calls in all, a dry run is not repeated. It logs the call and
+// returns its event. stopped: no chunk of the room was in flight, on any
+// stage, at the decision nor at the re-read.
 func (w *Watchdog) recordCall(c candidate, cl callClaim, order pluginapi.ForceFailRequest, mode Mode, trigger string, answers []stageAnswer, stopped bool) []Event {
 	result := combine(answers)
 	at := w.clock.Now()
@@ -473,12 +474,21 @@ func (w *Watchdog) recordCall(c candidate, cl callClaim, order pluginapi.ForceFa
 		}
 		logger.Log(append(fields, "result", "awaiting_confirmation")...)
 		return []Event{ev}
-	case ResultError:
+	case ResultError, ResultGroupUnwatched:
+		// A stale peer file (a starved publisher thread, a wall-clock
+		// step, a full /dev/shm) may be fresh again soon, and the room
+		// still stuck: group_unwatched shares the error rail's bound.
 		st.attempts++
 		if st.attempts >= w.cfg.MaxAttempts {
 			st.done = true
+			if result == ResultGroupUnwatched {
+				result = ResultRejected
+			}
 		} else {
 			st.nextAttempt = at.Add(w.cfg.RetryBackoff << (st.attempts - 1))
+			if result == ResultGroupUnwatched {
+				logger = level.Warn(w.logger)
+			}
 		}
 		fields = append(fields, "attempts", st.attempts, "retry", !st.done)
 	case ResultWouldFlip:
@@ -575,6 +585,8 @@ func classify(status int, resp *pluginapi.ForceFailResponse, err error) string {
 		return ResultUnsupported
 	case status == http.StatusConflict && resp.Result == pluginapi.ResultTransferSucceeded:
 		return outSucceeded
+	case status == http.StatusConflict && resp.Result == pluginapi.ResultGroupUnwatched:
+		return ResultGroupUnwatched
 	case status == http.StatusBadRequest || status == http.StatusUnauthorized || status == http.StatusConflict:
 		return ResultRejected
 	default:
@@ -592,7 +604,7 @@ func combine(answers []stageAnswer) string {
 	for _, a := range answers {
 		has[a.outcome] = true
 	}
-	for _, o := range []string{ResultError, ResultUnsupported, ResultRejected, ResultWouldFlip, outAwait} {
+	for _, o := range []string{ResultError, ResultUnsupported, ResultRejected, ResultGroupUnwatched, ResultWouldFlip, outAwait} {
 		if has[o] {
 			return o
 		}

@@ -25,6 +25,7 @@ func TestClassifyForceFailAnswers(t *testing.T) {
 		{http.StatusNotImplemented, pluginapi.ResultUnsupported, nil, ResultUnsupported},
 		{http.StatusConflict, pluginapi.ResultTransferSucceeded, nil, outSucceeded},
 		{http.StatusConflict, pluginapi.ResultHealthCheck, nil, ResultRejected},
+		{http.StatusConflict, pluginapi.ResultGroupUnwatched, nil, ResultGroupUnwatched},
 		{http.StatusNotFound, pluginapi.ResultNotFound, nil, ResultNotFound},
 		{0, "", errors.New("connection refused"), ResultError},
 	}

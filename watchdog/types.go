@@ -116,10 +116,16 @@ const (
 	// ResultUnsupported: the plugin answered 501, no lever works on this
 	// SGLang version and backend. Never retried.
 	ResultUnsupported = "unsupported"
+	// ResultGroupUnwatched: the attention TP/CP leader answered 409
+	// group_unwatched (it cannot see whether another rank of its group
+	// still sends the room: a stale peer file). Nothing was changed and it
+	// may clear, so the call is retried like an error; the refusal that
+	// uses up MaxAttempts counts as rejected.
+	ResultGroupUnwatched = "group_unwatched"
 )
 
 // Results lists every outcome.
-var Results = []string{ResultReleased, ResultUnconfirmed, ResultWouldFlip, ResultNotFound, ResultRejected, ResultError, ResultUnsupported}
+var Results = []string{ResultReleased, ResultUnconfirmed, ResultWouldFlip, ResultNotFound, ResultRejected, ResultError, ResultUnsupported, ResultGroupUnwatched}
 
 // Triggers of a force-fail.
 const (
