@@ -191,11 +191,14 @@
 // prompt's pages (page size 1) are split evenly over them. The worker
 // takes one chunk at a time: chunk i of a room ends at pickup + (i+1) x
 // chunkEvery of its planned transfer time (the first includes the pickup),
-// and that time runs at its queue's link speed (SetLinkSpeed, a factor of
-// the planned speed per rank and queue, changeable at any time and kept
-// across restarts: 0.01 makes every chunk take 100 times as long, 0 stops
-// it). So the worker's time per chunk is pages over the link's speed of
-// the moment. A chunk that errors (BehaviorTransferFail) ends when it
+// and that time runs at the speed of the room's link: a link is a decode
+// destination of one rank (and attention-TP rank), not a queue, since
+// destinations of any speed share a queue. Its speed is a factor of the
+// planned speed, changeable at any time and kept across restarts
+// (SetDestinationSpeed per destination; SetLinkSpeed for every
+// destination on a queue: 0.01 makes every chunk take 100 times as long, 0
+// stops it). So the worker's time per chunk is pages over its link's
+// speed of the moment. A chunk that errors (BehaviorTransferFail) ends when it
 // fails; a stuck handle (PinStuckHandle) is the chunk held for ever. The
 // worker skips the chunks of a Failed or released room when it reaches
 // them, all at once and in no time, as SGLang's check_status(room) ==
@@ -204,12 +207,20 @@
 // was guessed at the release at the link speed of the time, and is
 // corrected then).
 //
+// A link is named as the plugin names it from SGLang's transfer_infos: the
+// destination's key there, one per room here (Mooncake: the decode session
+// id, "127.0.0.1:<decode port>"; NIXL: the decode agent's name, a uuid4 in
+// SGLang, here one per port, "5eed0000-0000-4000-8000-<port, 12 digits>").
+// Every attention-TP rank names its decode peer by the same name: the
+// watchdog keeps links per rank.
+//
 // The plugin lists what a round-4 plugin lists: server.transfer_progress
 // (true with worker queues; false on mid-2025 NIXL, whose manager has
 // none), transfer_workers (tracked is always true: the plugin loads with
-// the process; depth, chunks_taken, in_flight with the time held, recent:
-// the last 32 chunks that carried pages, [pages, seconds held], a skipped
-// chunk with 0 s) and each room's chunks_queued (0 for an endless transfer
+// the process; depth, chunks_taken, in_flight with the time held and its
+// link, recent: the last 32 chunks that carried pages, [pages, seconds
+// held], a skipped chunk with 0 s; finished: the same chunks with the
+// number in_flight gave each and its link) and each room's chunks_queued (0 for an endless transfer
 // and an unregistered room, null for health checks). Listing a rank plays
 // its workers up to the clock's present time.
 //

@@ -31,9 +31,10 @@ func workerOf(t *testing.T, l pluginapi.Listing, qi int) pluginapi.TransferWorke
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
 
 // TestTransferWorkerChunkByChunk: the worker holds one chunk at a time,
-// in_flight names it with its pages and the time held, recent lists the
-// finished ones oldest first, and chunks_queued, depth and chunks_taken
-// count what is left and what was taken.
+// in_flight names it with its pages, the time held and its link, recent
+// and finished list the finished ones oldest first (finished with the
+// number in_flight gave each and its link), and chunks_queued, depth and
+// chunks_taken count what is left and what was taken.
 func TestTransferWorkerChunkByChunk(t *testing.T) {
 	s, c := newSim(t, Options{})
 	// Queue 1 (decode port 17001). 1 s planned: 20 ms pickup, then four
@@ -44,7 +45,8 @@ func TestTransferWorkerChunkByChunk(t *testing.T) {
 	s.Step()
 	l := s.Listing(0)
 	w := workerOf(t, l, 1)
-	if w.InFlight == nil || *w.InFlight != (pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: rm, Pages: 1000, Seconds: 0.1}) ||
+	link := destinationName(BackendNIXL, 17001)
+	if w.InFlight == nil || *w.InFlight != (pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: rm, Pages: 1000, Seconds: 0.1, Link: link}) ||
 		w.ChunksTaken != 1 || w.Depth != 3 || len(w.Recent) != 0 {
 		t.Fatalf("first chunk: %+v in flight %+v", w, w.InFlight)
 	}
@@ -72,9 +74,16 @@ func TestTransferWorkerChunkByChunk(t *testing.T) {
 	if w.InFlight != nil || w.ChunksTaken != 4 || len(w.Recent) != 4 {
 		t.Fatalf("after the transfer: %+v", w)
 	}
+	if len(w.Finished) != len(want) {
+		t.Fatalf("finished = %+v, want %d chunks", w.Finished, len(want))
+	}
 	for i := range want {
 		if !near(w.Recent[i][0], want[i][0]) || !near(w.Recent[i][1], want[i][1]) {
 			t.Fatalf("recent = %v, want %v", w.Recent, want)
+		}
+		f := w.Finished[i]
+		if f.Chunk != int64(i+1) || f.Pages != int(want[i][0]) || !near(f.Seconds, want[i][1]) || f.Link != link {
+			t.Fatalf("finished[%d] = %+v, want chunk %d, %v on %s", i, f, i+1, want[i], link)
 		}
 	}
 	if _, ok := room(l, rid); ok || recordOf(t, s, rid).Outcome != OutcomeSuccess {
@@ -85,6 +94,55 @@ func TestTransferWorkerChunkByChunk(t *testing.T) {
 		if w := workerOf(t, l, qi); w.ChunksTaken != 0 || w.InFlight != nil || w.Depth != 0 {
 			t.Fatalf("worker %d: %+v", qi, w)
 		}
+	}
+}
+
+// TestDestinationSpeed: a link is a destination, not a queue. Decode
+// ports 17001 and 17005 share queue 1; with 17005 at 10%, its room takes
+// ten times as long over the same worker as the room to 17001, and
+// finished names each chunk's link. SetLinkSpeed on the queue then sets
+// every destination on it, 17005's own speed included. Mooncake names a
+// destination by its session id.
+func TestDestinationSpeed(t *testing.T) {
+	s, c := newSim(t, Options{})
+	if err := s.SetDestinationSpeed(0, -1, 17005, 0.1); err != nil {
+		t.Fatal(err)
+	}
+	slow, _ := s.Submit(RequestSpec{DecodePort: 17005, PromptTokens: 2000, Transfer: time.Second, Chunks: 2})
+	fast, _ := s.Submit(RequestSpec{DecodePort: 17001, PromptTokens: 2000, Transfer: time.Second, Chunks: 2})
+	run(s, c, 12*time.Second, 100*time.Millisecond)
+	for _, rid := range []string{slow, fast} {
+		if rec := recordOf(t, s, rid); rec.Outcome != OutcomeSuccess || rec.TransferQueue != 1 {
+			t.Fatalf("%+v, want a success on queue 1", rec)
+		}
+	}
+	w := workerOf(t, s.Listing(0), 1)
+	took := map[string]float64{}
+	for _, f := range w.Finished {
+		took[f.Link] += f.Seconds
+	}
+	slowLink, fastLink := destinationName(BackendNIXL, 17005), destinationName(BackendNIXL, 17001)
+	if len(w.Finished) != 4 || len(took) != 2 || !near(took[slowLink], 10*took[fastLink]) {
+		t.Fatalf("finished %+v: seconds by link %v, want 17005's ten times 17001's", w.Finished, took)
+	}
+	if err := s.SetLinkSpeed(0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := s.Submit(RequestSpec{DecodePort: 17005, PromptTokens: 2000, Transfer: time.Second, Chunks: 2})
+	run(s, c, 2*time.Second, 100*time.Millisecond)
+	if rec := recordOf(t, s, again); rec.Outcome != OutcomeSuccess {
+		t.Fatalf("%+v: 17005 still slow after its queue was set to full speed", rec)
+	}
+	if s.SetDestinationSpeed(0, -1, 0, 1) == nil || s.SetDestinationSpeed(0, -1, 70000, 1) == nil ||
+		s.SetDestinationSpeed(1, -1, 17005, 1) == nil || s.SetDestinationSpeed(0, -1, 17005, -1) == nil {
+		t.Fatal("a port, rank or speed out of range was accepted")
+	}
+
+	m, mc := newSim(t, Options{Backend: BackendMooncake})
+	mrid, _ := m.Submit(RequestSpec{DecodePort: 17002, PromptTokens: 2000, Transfer: 10 * time.Second, Chunks: 2})
+	run(m, mc, time.Second, 100*time.Millisecond)
+	if in := workerOf(t, m.Listing(0), recordOf(t, m, mrid).TransferQueue).InFlight; in == nil || in.Link != "127.0.0.1:17002" {
+		t.Fatalf("Mooncake in flight %+v, want link 127.0.0.1:17002", in)
 	}
 }
 

@@ -59,10 +59,11 @@ type request struct {
 	prompt     int
 	cached     int
 	behavior   Behavior
-	fake       bool // fake sender (health checks, warm-up)
-	decodePort int  // destination decode endpoint; 0 for the fake sender
-	queue      int  // transfer worker queue; -1 for the fake sender
-	rec        int  // index into group.records
+	fake       bool   // fake sender (health checks, warm-up)
+	decodePort int    // destination decode endpoint; 0 for the fake sender
+	link       string // its destination's name, as the plugin lists a link
+	queue      int    // transfer worker queue; -1 for the fake sender
+	rec        int    // index into group.records
 
 	arrived       time.Time
 	bootstrapDone time.Time // decode sent its metadata: its waiting starts
@@ -365,9 +366,9 @@ func (r *rank) reset(gen int) {
 	r.iterations = 0
 	r.lastIter = time.Time{}
 	// The links' speeds are the network's: a restart keeps them.
-	r.xfer = xfer{speed: r.speed}
+	r.xfer = xfer{links: r.links}
 	for _, x := range r.peers {
-		*x = xfer{speed: x.speed}
+		*x = xfer{links: x.links}
 	}
 	r.orders = [TransferQueues]*wedgeOrder{}
 	r.pid = basePID + r.idx + 1000*gen
@@ -473,6 +474,7 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 			q.decodePort = decodePortOf(s.opts.DecodePorts, q.room)
 		}
 		q.queue = transferQueue(s.opts.QueueKey, q.room, q.decodePort)
+		q.link = destinationName(s.opts.Backend, q.decodePort)
 	}
 	if spec.PromptTokens > 0 {
 		q.prompt = spec.PromptTokens
@@ -1128,7 +1130,7 @@ func (r *rank) releaseTransfer(sd *sender, now time.Time) {
 			sd.orphaned = true
 			// At the link's present speed; the worker corrects it when the
 			// chunk settles (settleOrphan).
-			if d := realTime(rest, r.xf(sd.tp).speed[q.queue]); d >= 0 {
+			if d := realTime(rest, r.xf(sd.tp).links.speedOf(q)); d >= 0 {
 				o.until = now.Add(d)
 			}
 		}

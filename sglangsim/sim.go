@@ -582,8 +582,8 @@ func New(o Options) (*Sim, error) {
 			}
 			for tp := range o.AttnTP {
 				x := r.xf(tp)
-				for qi := range x.speed {
-					x.speed[qi] = 1
+				for qi := range x.links.queue {
+					x.links.queue[qi] = 1
 				}
 			}
 			g.stages = append(g.stages, r)

@@ -2,6 +2,7 @@ package sglangsim
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -9,8 +10,17 @@ import (
 )
 
 // recentChunks is how many finished chunks a worker's listing keeps
-// (round 4 transfer_workers recent).
+// (round 4 transfer_workers recent, and finished).
 const recentChunks = 32
+
+// finishedChunk is one chunk the worker finished with pages: what the
+// listing's finished and recent show of it.
+type finishedChunk struct {
+	number  int64 // as in_flight.chunk listed it
+	pages   int
+	seconds float64
+	link    string
+}
 
 // worker is one transfer worker thread and its queue (SGLang v0.5.18:
 // disaggregation/nixl/conn.py transfer_worker, mooncake/conn.py
@@ -23,15 +33,15 @@ type worker struct {
 	fifo  []*sender
 	clock time.Time // the worker's time has been played up to here
 
-	taken   int64 // chunks_taken: chunks taken since the process started
-	holding bool  // a chunk of fifo[0] is in the worker's hands
-	pages   int   // the held chunk's pages
-	last    bool  // the held chunk is its room's last
+	taken   int64  // chunks_taken: chunks taken since the process started
+	holding bool   // a chunk of fifo[0] is in the worker's hands
+	pages   int    // the held chunk's pages
+	last    bool   // the held chunk is its room's last
+	link    string // the held chunk's destination
 	since   time.Time
 
-	// recent is a ring of the last finished chunks that carried pages:
-	// [pages, seconds held].
-	recent  [recentChunks][2]float64
+	// recent is a ring of the last finished chunks that carried pages.
+	recent  [recentChunks]finishedChunk
 	nRecent int
 	head    int // where the next one goes
 }
@@ -44,6 +54,7 @@ func (w *worker) take(sd *sender, at time.Time) {
 	w.pages = q.chunkPages(sd.taken)
 	sd.taken++
 	w.last = q.nChunks >= 0 && sd.taken == q.nChunks
+	w.link = q.link
 	w.since = at
 }
 
@@ -57,7 +68,7 @@ func (w *worker) finish(at time.Time) {
 	if w.pages <= 0 {
 		return // recent lists only chunks that carried pages
 	}
-	w.recent[w.head] = [2]float64{float64(w.pages), at.Sub(w.since).Seconds()}
+	w.recent[w.head] = finishedChunk{number: w.taken, pages: w.pages, seconds: at.Sub(w.since).Seconds(), link: w.link}
 	w.head = (w.head + 1) % recentChunks
 	w.nRecent = min(w.nRecent+1, recentChunks)
 }
@@ -132,10 +143,40 @@ type xfer struct {
 	wedge   [TransferQueues]*sender // the stuck handle each worker waits on
 	workers [TransferQueues]worker
 	orphans []orphan
-	// speed is each queue's link speed, a factor of the planned one: each
-	// TP rank writes to its own decode peer over its own link. A property
-	// of the network, so a restart keeps it (SetLinkSpeed).
-	speed [TransferQueues]float64
+	links   links
+}
+
+// links are the speeds of one attention-TP rank's links to its decode
+// destinations, each a factor of the planned speed: each TP rank writes to
+// its own decode peer over its own link. A property of the network, so a
+// restart keeps them.
+type links struct {
+	// queue is the speed of the destinations on each queue that have no
+	// speed of their own (SetLinkSpeed).
+	queue [TransferQueues]float64
+	// dest is a destination's own speed, by decode port
+	// (SetDestinationSpeed).
+	dest map[int]float64
+}
+
+// speedOf is the speed of the link q's chunks take now.
+func (l *links) speedOf(q *request) float64 {
+	if v, ok := l.dest[q.decodePort]; ok {
+		return v
+	}
+	return l.queue[q.queue]
+}
+
+// destinationName is the name a backend's transfer_infos keys a decode
+// destination by, as the plugin lists it for a link: Mooncake's decode
+// session id (host:port); a NIXL decode agent's name (a uuid4 in SGLang
+// v0.5.18: disaggregation/nixl/conn.py), made here from the port so that
+// one endpoint keeps one name.
+func destinationName(backend string, port int) string {
+	if backend == BackendMooncake {
+		return fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	return fmt.Sprintf("5eed0000-0000-4000-8000-%012d", port)
 }
 
 // xf is attention-TP rank tp's transfer side: the leader's (0) or a peer's.
@@ -153,7 +194,8 @@ func (r *rank) runWorker(qi int, now time.Time) { r.run(&r.xfer, qi, now) }
 // the head gets the worker's time until it is done, then the next; the
 // rooms behind wait in WaitingForInput with nothing sent. A room's chunk i
 // ends at pickup + (i+1) x chunkEvery of its planned transfer time (its
-// first chunk includes the pickup), played at the queue's link speed. A
+// first chunk includes the pickup), played at the speed of the room's link
+// to its destination. A
 // slow chunk holds every room behind it; a stuck handle holds them until
 // the process restarts.
 func (r *rank) run(x *xfer, qi int, now time.Time) {
@@ -161,7 +203,6 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 		return
 	}
 	w := &x.workers[qi]
-	speed := x.speed[qi]
 	for w.clock.Before(now) {
 		if x.wedge[qi] != nil {
 			r.markBehind(x, qi)
@@ -174,6 +215,7 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 		}
 		sd := w.fifo[0]
 		q := sd.q
+		speed := x.links.speedOf(q)
 		if !sd.started {
 			sd.started = true
 			w.take(sd, w.clock)
@@ -259,16 +301,18 @@ func (r *rank) transferWorkersOf(x *xfer, now time.Time) []pluginapi.TransferWor
 		r.run(x, qi, now)
 		w := &x.workers[qi]
 		tw := pluginapi.TransferWorker{TransferQueue: qi, Tracked: true, ChunksTaken: w.taken,
-			Recent: make([][2]float64, 0, w.nRecent)}
+			Recent: make([][2]float64, 0, w.nRecent), Finished: make([]pluginapi.FinishedChunk, 0, w.nRecent)}
 		for _, sd := range w.fifo {
 			tw.Depth += sd.chunksQueued()
 		}
 		if w.holding {
 			tw.InFlight = &pluginapi.ChunkInFlight{Chunk: w.taken, BootstrapRoom: w.fifo[0].q.room,
-				Pages: w.pages, LastChunk: w.last, Seconds: now.Sub(w.since).Seconds()}
+				Pages: w.pages, LastChunk: w.last, Seconds: now.Sub(w.since).Seconds(), Link: w.link}
 		}
 		for i := range w.nRecent {
-			tw.Recent = append(tw.Recent, w.recent[(w.head-w.nRecent+i+recentChunks)%recentChunks])
+			c := w.recent[(w.head-w.nRecent+i+recentChunks)%recentChunks]
+			tw.Recent = append(tw.Recent, [2]float64{float64(c.pages), c.seconds})
+			tw.Finished = append(tw.Finished, pluginapi.FinishedChunk{Chunk: c.number, Pages: c.pages, Seconds: c.seconds, Link: c.link})
 		}
 		out[qi] = tw
 	}
@@ -283,12 +327,15 @@ func (r *rank) holds(qi int, chunk int64, now time.Time) bool {
 	return w.holding && w.taken == chunk
 }
 
-// SetLinkSpeed sets the speed of the link behind transfer queue `queue` of
-// rank `rank` to `speed` times the planned one, from the clock's present
+// SetLinkSpeed sets the speed of the links behind transfer queue `queue`
+// of rank `rank` to `speed` times the planned one, from the clock's present
 // time on: 0.01 makes each chunk take 100 times as long, 0 stops it until
 // the speed changes again. A rank or queue of -1 means all of them, on
-// every attention-TP rank. The speed survives restarts (it is the
-// network's).
+// every attention-TP rank. It sets every destination on that queue: those
+// whose rooms all take it (QueueKeyDecodePorts) lose a speed of their own
+// (SetDestinationSpeed), and so does every destination for a queue of -1;
+// under QueueKeyRoom a destination spans the queues and keeps its own. The
+// speed survives restarts (it is the network's).
 func (s *Sim) SetLinkSpeed(rank, queue int, speed float64) error {
 	return s.SetTPLinkSpeed(rank, -1, queue, speed)
 }
@@ -298,14 +345,54 @@ func (s *Sim) SetLinkSpeed(rank, queue int, speed float64) error {
 // its own decode peer, so one rank's link can be slow while the others'
 // are not.
 func (s *Sim) SetTPLinkSpeed(rank, tp, queue int, speed float64) error {
-	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed < 0 {
-		return errors.New("sglangsim: a link speed is a finite number >= 0")
-	}
 	if queue < -1 || queue >= TransferQueues {
 		return errors.New("sglangsim: no such transfer queue")
 	}
+	return s.setLinks(rank, tp, speed, func(l *links) {
+		for qi := range l.queue {
+			if queue == -1 || queue == qi {
+				l.queue[qi] = speed
+			}
+		}
+		for port := range l.dest {
+			if queue == -1 || (s.opts.QueueKey == QueueKeyDecodePorts && transferQueue(s.opts.QueueKey, 0, port) == queue) {
+				delete(l.dest, port)
+			}
+		}
+	})
+}
+
+// SetDestinationSpeed sets the speed of the link from rank `rank` (-1:
+// every one) and attention-TP rank tp (-1: every one) to the decode
+// endpoint at port `port` to `speed` times the planned one, from the
+// clock's present time on, whatever queue its rooms take: a link is a
+// destination, and destinations of different speeds share a queue
+// (QueueKeyDecodePorts hashes their port sums onto four). It holds until
+// this or SetLinkSpeed changes it, restarts included.
+func (s *Sim) SetDestinationSpeed(rank, tp, port int, speed float64) error {
+	if port <= 0 || port > 65535 {
+		return fmt.Errorf("sglangsim: decode port %d is not a port", port)
+	}
+	return s.setLinks(rank, tp, speed, func(l *links) {
+		if l.dest == nil {
+			l.dest = map[int]float64{}
+		}
+		l.dest[port] = speed
+	})
+}
+
+// setLinks applies set to the links of rank (-1: every one) and
+// attention-TP rank tp (-1: every one), once their workers have played up
+// to the present: the worker's time so far went at the old speeds.
+func (s *Sim) setLinks(rank, tp int, speed float64, set func(*links)) error {
+	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed < 0 {
+		return errors.New("sglangsim: a link speed is a finite number >= 0")
+	}
 	if tp < -1 || tp >= s.opts.AttnTP {
 		return errors.New("sglangsim: no such attention-TP rank")
+	}
+	if rank < -1 || rank >= len(s.ranks) {
+		return errors.New("sglangsim: no such rank")
 	}
 	now := s.clock.Now()
 	for _, r := range s.ranks {
@@ -318,13 +405,10 @@ func (s *Sim) SetTPLinkSpeed(rank, tp, queue int, speed float64) error {
 				continue
 			}
 			x := r.xf(t)
-			for qi := range x.speed {
-				if queue == -1 || queue == qi {
-					// The worker's time so far went at the old speed.
-					r.run(x, qi, now)
-					x.speed[qi] = speed
-				}
+			for qi := range x.workers {
+				r.run(x, qi, now)
 			}
+			set(&x.links)
 		}
 		r.mu.Unlock()
 	}
