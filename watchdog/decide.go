@@ -1,7 +1,6 @@
 package watchdog
 
 import (
-	"sort"
 	"time"
 
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
@@ -130,70 +129,6 @@ func overduePeerChunk(room uint64, rk *rankState, now time.Time, cfg *Config) (s
 		}
 	}
 	return "", 0, nil
-}
-
-// Link speed estimates (docs/runbook.md, "Transfer liveness").
-const (
-	// minSpeedSamples is how many finished chunks an estimate needs: with
-	// fewer, one unusually fast chunk would set the pace.
-	minSpeedSamples = 8
-	// speedQuantile picks a slow chunk of the recent ones rather than a
-	// typical one: slower is more conservative.
-	speedQuantile = 0.1
-)
-
-// linkSpeed estimates the speed (pages per second) of transfer queue q at
-// the slow end of what its rank's link was measured doing: the low
-// quantile of the speeds of the chunks its worker finished, and the same
-// pooled over every worker of the rank, each where it has enough samples;
-// the lower of the two. ok is false when neither has.
-func linkSpeed(workers map[int]*workerState, q int) (speed float64, ok bool) {
-	var own, pooled []float64
-	for wq, ws := range workers {
-		for _, s := range ws.recent {
-			if s[0] <= 0 || s[1] <= 0 {
-				// A skipped or aux-only chunk says nothing of the link.
-				continue
-			}
-			v := s[0] / s[1]
-			pooled = append(pooled, v)
-			if wq == q {
-				own = append(own, v)
-			}
-		}
-	}
-	for _, speeds := range [][]float64{own, pooled} {
-		if len(speeds) < minSpeedSamples {
-			continue
-		}
-		v := lowQuantile(speeds)
-		if !ok || v < speed {
-			speed, ok = v, true
-		}
-	}
-	return speed, ok
-}
-
-// lowQuantile returns the speedQuantile quantile of vs (nearest rank,
-// rounding down, so towards the slower side); it sorts vs.
-func lowQuantile(vs []float64) float64 {
-	sort.Float64s(vs)
-	return vs[int(speedQuantile*float64(len(vs)-1))]
-}
-
-// chunkAllowance is how long a live chunk of this many pages may be held
-// before it is judged stuck: LinkMargin times what its size needs at the
-// measured speed, never less than the stall window; twice the deadline
-// when the speed is unknown (a rank that finished fewer than
-// minSpeedSamples chunks, as after a start: nothing says how slow its
-// link may be, so a stuck first chunk is released later rather than a
-// slow one failed).
-func chunkAllowance(pages int, speed float64, known bool, cfg *Config) time.Duration {
-	if !known {
-		return 2 * cfg.Deadline
-	}
-	need := time.Duration(cfg.LinkMargin * float64(pages) / speed * float64(time.Second))
-	return max(cfg.StallWindow, need)
 }
 
 // chunkOverdue tells whether a tracked worker has held its chunk past the

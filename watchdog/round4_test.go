@@ -118,32 +118,6 @@ func samples(n int, pages, seconds float64) [][2]float64 {
 	return out
 }
 
-func TestLinkSpeed(t *testing.T) {
-	fast, slow := samples(9, 64, 1), samples(9, 64, 4) // 64 and 16 pages/s
-	for _, tc := range []struct {
-		name    string
-		workers map[int]*workerState
-		speed   float64
-		known   bool
-	}{
-		{"no samples", map[int]*workerState{0: {}}, 0, false},
-		{"seven are too few", map[int]*workerState{0: {recent: samples(7, 64, 1)}}, 0, false},
-		{"skipped and aux-only chunks say nothing", map[int]*workerState{0: {recent: append(samples(7, 64, 1), [2]float64{0, 1}, [2]float64{64, 0})}}, 0, false},
-		{"own queue", map[int]*workerState{0: {recent: fast}}, 64, true},
-		{"pooled over the rank", map[int]*workerState{0: {recent: samples(4, 64, 1)}, 1: {recent: samples(4, 32, 1)}}, 32, true},
-		{"the slower of own and pooled", map[int]*workerState{0: {recent: fast}, 1: {recent: slow}}, 16, true},
-		{"own when it is slower", map[int]*workerState{0: {recent: slow}, 1: {recent: fast}}, 16, true},
-		// p10 of 1..10 pages/s by nearest rank rounding down: the second
-		// slowest... of ten, index 0.9 → 0: the slowest.
-		{"a low quantile", map[int]*workerState{0: {recent: [][2]float64{{10, 1}, {9, 1}, {8, 1}, {7, 1}, {6, 1}, {5, 1}, {4, 1}, {3, 1}, {2, 1}, {1, 1}}}}, 1, true},
-	} {
-		speed, known := linkSpeed(tc.workers, 0)
-		if speed != tc.speed || known != tc.known {
-			t.Errorf("%s: speed %v, %v; want %v, %v", tc.name, speed, known, tc.speed, tc.known)
-		}
-	}
-}
-
 func TestChunkAllowance(t *testing.T) {
 	cfg := testConfig()
 	cfg.LinkMargin = DefaultLinkMargin
@@ -169,13 +143,11 @@ func TestChunkAllowance(t *testing.T) {
 // progressCase builds a rank with transfer_progress and a room on queue 0
 // whose worker runs at 64 pages/s (when measured).
 func progressCase(measured, tracked bool, c *pluginapi.ChunkInFlight) *rankState {
-	ws := &workerState{tracked: tracked, inFlight: c}
+	ws := &workerState{tracked: tracked, inFlight: c, speedKnown: measured}
 	if measured {
-		ws.recent = samples(8, 64, 1)
+		ws.speed = 64
 	}
-	rk := &rankState{progress: true, loopAdvancing: true, iterations: 200, workers: map[int]*workerState{0: ws}}
-	ws.speed, ws.speedKnown = linkSpeed(rk.workers, 0)
-	return rk
+	return &rankState{progress: true, loopAdvancing: true, iterations: 200, workers: map[int]*workerState{0: ws}}
 }
 
 func TestProgressRoomStuck(t *testing.T) {
@@ -435,6 +407,8 @@ func TestWedgeOrderClearedOnTheWay(t *testing.T) {
 func TestWedgeOrderBudgetCountsWedges(t *testing.T) {
 	h, p, _ := wedgedQueue(t, func(c *Config) { c.FailFastPerMinute = 1 })
 	p.set(append(p.rooms, r4room("other", 4, 0, 1, 0))...)
+	// Queue 1's link is measured too: a link is paced by its own chunks.
+	p.measured(1, 1)
 	p.hold(1, 9, 4, 1, 0)
 	h.tick(59)
 	// Queue 1 wedges in the same cycle.

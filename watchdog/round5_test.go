@@ -19,12 +19,8 @@ import (
 // chunk queued on that queue.
 func peerCase(peerChunk *pluginapi.ChunkInFlight, peerSpeed float64, behind bool) *rankState {
 	rk := progressCase(true, true, nil)
-	peer := &workerState{tracked: true, inFlight: peerChunk}
-	if peerSpeed > 0 {
-		peer.recent = samples(8, 64, 64/peerSpeed)
-	}
+	peer := &workerState{tracked: true, inFlight: peerChunk, speed: peerSpeed, speedKnown: peerSpeed > 0}
 	rk.peerWorkers = map[string]map[int]*workerState{"tp1-cp0": {0: peer}}
-	peer.speed, peer.speedKnown = linkSpeed(rk.peerWorkers["tp1-cp0"], 0)
 	rk.peerHeld, rk.peerBehind = map[uint64]string{}, map[uint64][]*workerState{}
 	if peerChunk != nil {
 		rk.peerHeld[peerChunk.BootstrapRoom] = "tp1-cp0/0/1;"

@@ -99,12 +99,13 @@ type transferWedge struct {
 type workerState struct {
 	tracked  bool
 	inFlight *pluginapi.ChunkInFlight // nil while it waits
-	// recent are the last [pages, seconds] samples of finished chunks the
-	// listing reported; kept while a listing reports none, since samples
-	// only come from finished chunks and a wedged worker finishes none.
-	recent [][2]float64
-	// speed is the link speed estimate of this queue (pages/s), refreshed
-	// each cycle; speedKnown is false when there are too few samples.
+	// lastFinished is the number of the last finished chunk folded into
+	// the rank's links (-1: none yet).
+	lastFinished int64
+	// link names the link of the chunk in flight ("" while it waits);
+	// speed is that link's pace (pages/s), refreshed each cycle;
+	// speedKnown is false while the link showed no chunk.
+	link       string
 	speed      float64
 	speedKnown bool
 	// chunkSeen is when this watchdog first listed the chunk now in
@@ -214,7 +215,11 @@ type rankState struct {
 	// peerHeld names, per room, the peer chunks of it in flight;
 	// peerBehind lists the peer workers it has a chunk queued behind.
 	peerWorkers map[string]map[int]*workerState
-	peerHeld    map[uint64]string
+	// links are the paces of this rank's links, peerLinks those of each
+	// other rank of the group, by rank name (links.go).
+	links     linkBook
+	peerLinks map[string]linkBook
+	peerHeld  map[uint64]string
 	peerBehind  map[uint64][]*workerState
 	// orders holds the wedge orders of this process by queue; an entry
 	// lives as long as the queue's wedge. closing holds the orders whose

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -56,6 +57,9 @@ type Config struct {
 	// LinkMargin times what its size needs at the slow end of the link's
 	// measured speed (chunkAllowance); zero means DefaultLinkMargin.
 	LinkMargin float64
+	// LinkIdle: a link that neither finished nor held a chunk for this
+	// long is forgotten (links.go); zero means DefaultLinkIdle.
+	LinkIdle time.Duration
 	// DecodePerMinute bounds the decode releases over any 60 s, apart from
 	// both prefill budgets; zero means DefaultDecodePerMinute. A decode
 	// rank is exempt from one lever per rank and cycle: a released decode
@@ -108,8 +112,10 @@ func (c *Config) validate() error {
 		return errors.New("watchdog: max new wedge orders per minute must not be negative")
 	case c.FailFastMinAge < 0:
 		return errors.New("watchdog: fail-fast min age must not be negative")
-	case !(c.LinkMargin >= 1):
-		return errors.New("watchdog: link margin must be at least 1")
+	case !(c.LinkMargin >= 1) || math.IsInf(c.LinkMargin, 1):
+		return fmt.Errorf("watchdog: link margin must be a finite number of at least 1, not %v", c.LinkMargin)
+	case c.LinkIdle < 0:
+		return errors.New("watchdog: link idle time must not be negative")
 	case c.DecodePerMinute < 0:
 		return errors.New("watchdog: max decode releases per minute must not be negative")
 	case c.RestartMode != ModeOff && c.RestartMinInterval <= 0:
@@ -206,6 +212,9 @@ func New(cfg Config) (*Watchdog, error) {
 	if cfg.LinkMargin == 0 {
 		cfg.LinkMargin = DefaultLinkMargin
 	}
+	if cfg.LinkIdle == 0 {
+		cfg.LinkIdle = DefaultLinkIdle
+	}
 	if cfg.FailFastMinAge == 0 {
 		cfg.FailFastMinAge = DefaultFailFastMinAge
 	}
@@ -240,6 +249,8 @@ func New(cfg Config) (*Watchdog, error) {
 			queueChange: map[int]time.Time{},
 			workers:     map[int]*workerState{},
 			peerWorkers: map[string]map[int]*workerState{},
+			links:       linkBook{},
+			peerLinks:   map[string]linkBook{},
 			peerHeld:    map[uint64]string{},
 			peerBehind:  map[uint64][]*workerState{},
 			orders:      map[int]*wedgeOrder{},
@@ -507,7 +518,10 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		level.Warn(w.logger).Log("msg", "scheduler restarted: the requests it held are gone", "target", rk.status.target,
 			"dp_rank", l.Server.DPRank, "pp_rank", l.Server.PPRank, "old_pid", rk.server.PID, "pid", l.Server.PID,
 			"old_iterations", rk.iterations, "iterations", l.Loop.Iterations, "rooms_tracked", len(rk.rooms))
-		// A new process: its transfer workers and orphans are new too.
+		// A new process: its transfer workers and orphans are new too, and
+		// so are the group's other ranks, restarted with it. What its links
+		// showed is forgotten: a restart is often the answer to a link
+		// that changed, and the first-chunk rule is the cautious one.
 		rk.gen++
 		rk.leverWarned = false
 		rk.noDecodeSupport = false
@@ -515,6 +529,9 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		clear(rk.queueChange)
 		clear(rk.wedges)
 		clear(rk.workers)
+		clear(rk.peerWorkers)
+		clear(rk.links)
+		clear(rk.peerLinks)
 		clear(rk.orders)
 	}
 	rk.server = l.Server
@@ -549,7 +566,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.listed = true
 
 	rk.progress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
-	observeWorkers(rk, l.TransferWorkers, l.PeerTransferWorkers, now)
+	observeWorkers(rk, l.TransferWorkers, l.PeerTransferWorkers, now, w.cfg.LinkIdle)
 
 	rk.cycle++
 	limitHit := false
@@ -647,17 +664,20 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 
 // observeWorkers folds a listing's transfer_workers, and those of the
 // other ranks of its attention TP/CP group, into the rank's state, and
-// refreshes each queue's link speed estimate from its own rank's chunks.
-// A rank without transfer_progress keeps none.
-func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pluginapi.PeerWorkers, now time.Time) {
+// paces each chunk in flight by its own link, as that rank sees it. A rank
+// without transfer_progress keeps none.
+func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pluginapi.PeerWorkers, now time.Time, idle time.Duration) {
 	clear(rk.peerHeld)
 	clear(rk.peerBehind)
 	if !rk.progress {
 		clear(rk.workers)
 		clear(rk.peerWorkers)
+		clear(rk.links)
+		clear(rk.peerLinks)
 		return
 	}
 	observeRankWorkers(rk.workers, listed, now)
+	observeLinks(rk.links, rk.workers, listed, now, idle)
 	seen := make(map[string]bool, len(peers))
 	for _, p := range peers {
 		seen[p.Rank] = true
@@ -666,7 +686,13 @@ func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pl
 			workers = map[int]*workerState{}
 			rk.peerWorkers[p.Rank] = workers
 		}
+		book := rk.peerLinks[p.Rank]
+		if book == nil {
+			book = linkBook{}
+			rk.peerLinks[p.Rank] = book
+		}
 		observeRankWorkers(workers, p.TransferWorkers, now)
+		observeLinks(book, workers, p.TransferWorkers, now, idle)
 		for _, tw := range p.TransferWorkers {
 			if c := tw.InFlight; c != nil && tw.Tracked {
 				rk.peerHeld[c.BootstrapRoom] += fmt.Sprintf("%s/%d/%d;", p.Rank, tw.TransferQueue, c.Chunk)
@@ -676,9 +702,19 @@ func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pl
 			}
 		}
 	}
+	// A rank whose file went stale keeps its links (they age out on
+	// their own); its workers say nothing while unwatched.
 	for name := range rk.peerWorkers {
 		if !seen[name] {
 			delete(rk.peerWorkers, name)
+		}
+	}
+	for name, book := range rk.peerLinks {
+		if !seen[name] {
+			book.forget(now, idle)
+		}
+		if len(book) == 0 {
+			delete(rk.peerLinks, name)
 		}
 	}
 }
@@ -690,7 +726,7 @@ func observeRankWorkers(workers map[int]*workerState, listed []pluginapi.Transfe
 		tw := &listed[i]
 		ws := workers[tw.TransferQueue]
 		if ws == nil {
-			ws = &workerState{}
+			ws = &workerState{lastFinished: -1}
 			workers[tw.TransferQueue] = ws
 		}
 		seen[tw.TransferQueue] = true
@@ -703,17 +739,11 @@ func observeRankWorkers(workers map[int]*workerState, listed []pluginapi.Transfe
 			c := *tw.InFlight
 			ws.inFlight = &c
 		}
-		if len(tw.Recent) > 0 {
-			ws.recent = append(ws.recent[:0], tw.Recent...)
-		}
 	}
 	for q := range workers {
 		if !seen[q] {
 			delete(workers, q)
 		}
-	}
-	for q, ws := range workers {
-		ws.speed, ws.speedKnown = linkSpeed(workers, q)
 	}
 }
 
@@ -778,12 +808,12 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 // stuckReason says, for the log, what made a room stuck.
 func stuckReason(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) string {
 	if ws := rk.workers[r.queue]; rk.progress && r.dqueue == "" && ws != nil && ws.tracked && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room {
-		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d, past its allowance of %s", ws.inFlight.Chunk, ws.inFlight.Pages,
-			ws.inFlight.Seconds, r.queue, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second))
+		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d, past its allowance of %s at the pace of its link %q", ws.inFlight.Chunk, ws.inFlight.Pages,
+			ws.inFlight.Seconds, r.queue, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second), ws.link)
 	}
 	if rank, q, ws := overduePeerChunk(room, rk, now, cfg); ws != nil && rk.progress && r.dqueue == "" {
-		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d of rank %s, past its allowance of %s at that rank's link speed",
-			ws.inFlight.Chunk, ws.inFlight.Pages, ws.inFlight.Seconds, q, rank, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second))
+		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d of rank %s, past its allowance of %s at the pace of that rank's link %q",
+			ws.inFlight.Chunk, ws.inFlight.Pages, ws.inFlight.Seconds, q, rank, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second), ws.link)
 	}
 	return fmt.Sprintf("no change of poll, progress or transfer for %s while the scheduler loop ran", now.Sub(r.lastChange).Round(time.Second))
 }
@@ -798,7 +828,7 @@ func (w *Watchdog) evaluateTransfers(rk *rankState, now time.Time) []Event {
 			continue
 		}
 		rk.wedgeCount++
-		msg := "transfer queue wedged: its worker holds a chunk far past what its size needs at the link's measured speed; only a restart of the server clears it"
+		msg := "transfer queue wedged: its worker holds a chunk far past what its size needs at its link's measured pace; only a restart of the server clears it"
 		fields := []interface{}{"target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel, "pid", rk.server.PID,
 			"transfer_queue", q, "rule", tw.rule, "room", tw.room, "diagnosed", tw.diagnosed, "orphaned_transfers", len(rk.orphans)}
 		switch {
@@ -809,7 +839,7 @@ func (w *Watchdog) evaluateTransfers(rk *rankState, now time.Time) []Event {
 		default:
 			ws := rk.workers[q]
 			fields = append(fields, "chunk", tw.chunk, "pages", ws.inFlight.Pages, "held_seconds", fmt.Sprintf("%.1f", ws.inFlight.Seconds),
-				"allowance", chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, &w.cfg).Round(time.Second), "speed_known", ws.speedKnown)
+				"allowance", chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, &w.cfg).Round(time.Second), "link", ws.link, "speed_known", ws.speedKnown)
 		}
 		level.Error(w.logger).Log(append([]interface{}{"msg", msg}, fields...)...)
 		events = append(events, Event{Kind: EventTransferWedged, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel,

@@ -7,6 +7,7 @@ package runconfig
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
@@ -38,6 +39,7 @@ type Watch struct {
 	FailFastPerMinute  int
 	FailFastMinAge     time.Duration
 	LinkMargin         float64
+	LinkIdle           time.Duration
 	RestartMode        string
 	RestartMinInterval time.Duration
 	RestartStateFile   string
@@ -148,6 +150,7 @@ func Watchdog(o Options, logger log.Logger) (watchdog.Config, error) {
 		FailFastPerMinute:  w.FailFastPerMinute,
 		FailFastMinAge:     w.FailFastMinAge,
 		LinkMargin:         w.LinkMargin,
+		LinkIdle:           w.LinkIdle,
 		DecodePerMinute:    o.Decode.MaxPerMinute,
 		RestartMode:        watchdog.Mode(w.RestartMode),
 		RestartMinInterval: w.RestartMinInterval,
@@ -159,8 +162,11 @@ func Watchdog(o Options, logger log.Logger) (watchdog.Config, error) {
 	if o.Decode.MaxPerMinute <= 0 {
 		return watchdog.Config{}, fmt.Errorf("--decode.max-per-minute must be positive, got %d; to release no decode request, run the decode pod's watchdog with --force-fail.mode=off or dry-run", o.Decode.MaxPerMinute)
 	}
-	if w.LinkMargin < 1 {
-		return watchdog.Config{}, fmt.Errorf("--watchdog.link-margin must be at least 1, got %v", w.LinkMargin)
+	if !(w.LinkMargin >= 1) || math.IsInf(w.LinkMargin, 1) {
+		return watchdog.Config{}, fmt.Errorf("--watchdog.link-margin must be a finite number of at least 1, got %v", w.LinkMargin)
+	}
+	if w.LinkIdle <= 0 {
+		return watchdog.Config{}, fmt.Errorf("--watchdog.link-idle must be positive, got %s", w.LinkIdle)
 	}
 	if w.FailFastMinAge <= 0 {
 		return watchdog.Config{}, fmt.Errorf("--watchdog.fail-fast-min-age must be positive, got %s", w.FailFastMinAge)
