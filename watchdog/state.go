@@ -217,10 +217,10 @@ type rankState struct {
 	peerWorkers map[string]map[int]*workerState
 	// links are the paces of this rank's links, peerLinks those of each
 	// other rank of the group, by rank name (links.go).
-	links     linkBook
-	peerLinks map[string]linkBook
-	peerHeld  map[uint64]string
-	peerBehind  map[uint64][]*workerState
+	links      linkBook
+	peerLinks  map[string]linkBook
+	peerHeld   map[uint64]string
+	peerBehind map[uint64][]*workerState
 	// orders holds the wedge orders of this process by queue; an entry
 	// lives as long as the queue's wedge. closing holds the orders whose
 	// wedge cleared, for one last call that reports the rooms they failed
