@@ -7,6 +7,13 @@ listener. Requests are admitted the way SGLang admits them: a real sender
 and receiver, bootstrapped through SGLang's bootstrap server, the KV sent
 chunk by chunk, then the request appended to the inflight queue on the
 scheduler thread.
+
+A prefill rank sends to one decode manager by default; ``destination``
+adds more (each SGLang's own decode KV manager: its own NIXL agent, or its
+own Mooncake session ``host:port``), and a request admitted with ``link=``
+goes to that one. SGLang's prefill bootstrap learns each from its receivers
+as it does from separate decode servers, and puts a room on the transfer
+queue its destinations' ports hash to.
 """
 
 import itertools
@@ -19,6 +26,12 @@ import urllib.request
 
 from . import scheduler as sch
 from . import transports
+
+# Mooncake session ports of the destinations (a name only: the fake engine dials nothing), above the fake
+# engines' own (transports.MooncakeEngine counts from 17000).
+session_ports = itertools.count(18000)
+# Decode managers built to find a NIXL port that lands on a wanted queue: SGLang binds a random one.
+_NIXL_PORT_TRIES = 32
 
 # Bootstrap rooms are unique in SGLang; here too, across every bench of a process: SGLang's leftover
 # managers of earlier benches and the fabric's plans are keyed by room.
@@ -44,6 +57,7 @@ class Bench:
         self._held = threading.Event()
         self._thread = None
         self.links = {}
+        self.destinations = {}  # name -> Destination, besides the default decode manager
         self.after_pass = []  # callables run on the scheduler thread after each pass (the server's stats)
         self.scheduler = self._scheduler()
         self.needs_requests = self._pass_needs_requests()
@@ -79,6 +93,8 @@ class Bench:
     def stop(self):
         transports.fabric.end_hangs(link.room for link in self.links.values())
         transports.fabric.link_speed(0.0)
+        for dest in self.destinations.values():
+            transports.fabric.destination_speed(dest.key, None)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
@@ -122,16 +138,43 @@ class Bench:
         if self.scheduler.disagg_prefill_inflight_queue or not self.needs_requests:
             self.scheduler.process_disagg_prefill_inflight_queue()
 
+    # Decode destinations --------------------------------------------------
+
+    def destination(self, name, queue=None, seconds_per_page=None):
+        """Adds a decode destination: SGLang's decode KV manager of its own, which the prefill rank learns at
+        its first request's bootstrap. ``queue``: its port is chosen so that SGLang puts its rooms on that
+        transfer queue (Mooncake: the session's port; NIXL: its managers are built until SGLang's random port
+        lands there). ``seconds_per_page``: its link speed (None: its queue's)."""
+        if name in self.destinations:
+            raise ValueError(f"destination {name!r} exists")
+        count = len(getattr(self.prefill_mgr, "transfer_queues", None) or ())
+        if queue is not None and not 0 <= queue < max(count, 1):
+            raise ValueError(f"transfer_queue {queue}: this rank has {count} transfer queues")
+        dest = new_destination(self.rt, self.backend, queue, count)
+        self.destinations[name] = dest
+        transports.fabric.destination_speed(dest.key, seconds_per_page)
+        return dest
+
+    def destination_speed(self, name, seconds_per_page):
+        dest = self.destinations.get(name)
+        if dest is None:
+            raise ValueError(f"no destination {name!r} (add it first)")
+        transports.fabric.destination_speed(dest.key, seconds_per_page)
+
     # Requests -------------------------------------------------------------
 
-    def prepare(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
-        """A request bootstrapped and sent, not yet in the queue (admit and admit_held queue it)."""
+    def prepare(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None, link=None):
+        """A request bootstrapped and sent, not yet in the queue (admit and admit_held queue it); ``link``: the
+        name of the destination it goes to (None: the default decode manager)."""
+        if link is not None and link not in self.destinations:
+            raise ValueError(f"no destination {link!r} (add it first)")
+        decode_mgr = self.decode_mgr if link is None else self.destinations[link].manager
         transports.fabric.plan(room, behaviour)
         # The request's metadata slot, from SGLang's own allocator, as the bootstrap queue takes it.
         slot = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
         if slot is None:
             raise RuntimeError("no free metadata slot: more requests in flight than the bench's pool holds")
-        link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, self.decode_mgr, slot=slot)
+        link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, decode_mgr, slot=slot)
         link.bootstrap()
         link.send(chunks)
         req = sch.make_req(self.rt, room, rid=rid, sender=link.sender)
@@ -139,14 +182,20 @@ class Bench:
         self.links[req.rid] = link
         return req
 
-    def admit(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
+    def admit(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None, link=None):
         """A request whose forward pass is done: bootstrapped, its KV handed to the sender, in the inflight queue."""
-        req = self.prepare(room, behaviour, chunks, rid)
+        req = self.prepare(room, behaviour, chunks, rid, link)
         with self._lock:
             self._pending.append(req)
         sch._until(lambda: self.listed(req.rid) is not None or req in self.scheduler.streamed, 10,
                    f"{req.rid} to be listed")
         return req
+
+    def destination_keys(self, room):
+        """The keys of the room's destinations in SGLang's ``transfer_infos`` (None once SGLang dropped them)."""
+        infos = getattr(self.prefill_mgr, "transfer_infos", None)
+        entry = infos.get(room) if isinstance(infos, dict) else None
+        return sorted(str(key) for key in entry) if isinstance(entry, dict) else None
 
     def abort(self, rid):
         """A client's abort, as Scheduler.abort_request handles it for the prefill inflight queue (SGLang
@@ -269,6 +318,52 @@ class Bench:
     def force_fail(self, req, dry_run=False):
         return self.post("/admin/force_fail", {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
                                                "reason": "conformance", "dry_run": dry_run})
+
+
+class Destination:
+    """One decode destination: its manager, SGLang's key for it on the prefill side, and its port."""
+
+    def __init__(self, manager, key, port):
+        self.manager, self.key, self.port = manager, key, port
+
+
+def destination_of(backend, manager):
+    """(key, port) of a decode manager as SGLang's prefill side names it: NIXL keys ``transfer_infos`` by the
+    decode agent's name and shards by the manager's ``rank_port``; Mooncake (and Ascend) by the session id
+    ``host:port``, sharding by its port."""
+    if backend == "nixl":
+        return manager.agent.name, int(manager.rank_port)
+    session = manager.get_session_id()
+    return session, int(session.rsplit(":", 1)[1])
+
+
+def own_session(manager, port):
+    """Gives a Mooncake decode manager a session of its own: newer releases share one engine per process (a
+    decode server's own), so every manager here would name the same session. The engine wrapper is copied
+    and its session id set; the fake engine behind it is shared and dials nothing."""
+    import copy
+
+    engine = copy.copy(manager.engine)
+    engine.session_id = f"127.0.0.1:{port}"
+    manager.engine = engine
+
+
+def new_destination(rt, backend, queue=None, queues=0, attn_tp=(0, 1), server_args=None):
+    """A decode KV manager for one more destination; with ``queue``, one whose port SGLang shards to it."""
+    if backend != "nixl":
+        manager = rt.manager(backend, "decode", attn_tp, server_args)
+        port = next(session_ports)
+        while queue is not None and port % queues != queue:
+            port = next(session_ports)
+        own_session(manager, port)
+        return Destination(manager, *destination_of(backend, manager))
+    for _ in range(_NIXL_PORT_TRIES):
+        manager = rt.manager(backend, "decode", attn_tp, server_args)
+        key, port = destination_of(backend, manager)
+        if queue is None or port % queues == queue:
+            return Destination(manager, key, port)
+    raise RuntimeError(f"no NIXL decode manager bound a port on transfer queue {queue} in {_NIXL_PORT_TRIES} tries "
+                       "(Linux binds random ports odd: a room with one NIXL destination lands on an odd queue)")
 
 
 def get_json(url):

@@ -30,6 +30,21 @@ release loads it. The plugin serves its own endpoints on its own listener
   the link speed, for one transfer queue or (without ``transfer_queue``)
   every one: each KV chunk then takes its page count times that, on top of
   its behaviour (a link at 1% of a healthy 0.01 s per page: 1.0).
+* ``POST /scenario/destination`` ``{"link": "A", "transfer_queue": 1,
+  "seconds_per_page": 0.01}``: one more decode destination of the prefill
+  rank, named "A" here: SGLang's own decode KV manager (its own NIXL agent,
+  or Mooncake session), whose port is chosen so that SGLang's port-sum rule
+  puts its rooms on that queue (optional); with its own link speed
+  (optional: else its queue's). Answers ``{"link", "key", "port",
+  "transfer_queue"}``, ``key`` being the name SGLang's prefill side keys
+  the destination by in ``transfer_infos``. ``/scenario/admit`` then takes
+  ``"link": "A"`` (the request goes there) and answers the room's
+  ``destinations`` as SGLang's ``transfer_infos`` keys them;
+  ``/scenario/link`` takes ``"link": "A"`` instead of ``transfer_queue``: that
+  destination's speed from its next transfer on (a link that slows down or
+  recovers). On a TP2 group (``--attn-tp 2``) each rank sends to its own
+  decode peer: ``/scenario/link`` takes ``"rank": 1`` for rank 1's peer, and
+  ``/scenario/state`` lists each rank's peer key as ``destinations``.
 * ``POST /scenario/end_hang`` ``{"room": 7001, "outcome": "complete"|"fail"}``:
   the room's hung transfers (and those still to come) end that way, so the
   worker that holds them moves on: a wedge that clears.
@@ -286,13 +301,37 @@ class Server:
             raise ValueError("chunks must be an integer from 1 to 4 (a request has 4 KV pages)")
         if self.group is not None:
             return self._admit_group(room, behaviour, rid, body)
+        link = body.get("link")
+        if link is not None and (self.mode == "decode" or not isinstance(link, str) or not link):
+            raise ValueError("link must be the non-empty name of a destination (prefill only)")
         with self.admit_lock:
-            req = self.bench.admit(room, behaviour, chunks=chunks, rid=rid)
-        logger.info("admitted %s (room %d, %s, %d chunks)", req.rid, room, body.get("behaviour", "complete"), chunks)
+            if link is None:
+                req = self.bench.admit(room, behaviour, chunks=chunks, rid=rid)
+            else:
+                req = self.bench.admit(room, behaviour, chunks=chunks, rid=rid, link=link)
+        logger.info("admitted %s (room %d, %s, %d chunks, link %s)", req.rid, room, body.get("behaviour", "complete"),
+                    chunks, link)
         if self.mode == "decode":
             return {"rid": req.rid, "bootstrap_room": req.bootstrap_room, "queue": self.bench.queue_of(req.rid)}
         return {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
-                "transfer_queue": self.bench.transfer_queue_of(room)}
+                "transfer_queue": self.bench.transfer_queue_of(room), "destinations": self.bench.destination_keys(room)}
+
+    def destination(self, body):
+        if self.mode == "decode" or self.group is not None:
+            raise ValueError("destinations are added to a TP1 prefill server (a TP2 rank sends to its own peer)")
+        name = body.get("link")
+        if not isinstance(name, str) or not name:
+            raise ValueError("link must be a non-empty name")
+        queue = body.get("transfer_queue")
+        if queue is not None and (not isinstance(queue, int) or isinstance(queue, bool)):
+            raise ValueError("transfer_queue must be an integer, or absent")
+        seconds = _seconds_per_page(body, required=False)
+        with self.admit_lock:
+            dest = self.bench.destination(name, queue, seconds)
+        logger.info("destination %s: %s, port %d", name, dest.key, dest.port)
+        count = len(getattr(self.bench.prefill_mgr, "transfer_queues", None) or ())
+        return {"link": name, "key": dest.key, "port": dest.port,
+                "transfer_queue": dest.port % count if count else None}
 
     def _admit_group(self, room, behaviour, rid, body):
         per_rank = body.get("rank_behaviour") or {}
@@ -316,9 +355,18 @@ class Server:
         return {"stopped": self.group.publisher.path}
 
     def link(self, body):
-        seconds = body.get("seconds_per_page")
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
-            raise ValueError("seconds_per_page must be a number >= 0")
+        seconds = _seconds_per_page(body, required=True)
+        if "link" in body:
+            if self.group is not None:
+                raise ValueError("a TP2 group's links are its ranks' peers: name one by rank")
+            self.bench.destination_speed(body["link"], seconds)
+            return {"seconds_per_page": seconds, "link": body["link"]}
+        if "rank" in body:
+            rank = body["rank"]
+            if self.group is None or not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < self.group.size:
+                raise ValueError("rank must name a rank of a TP group (--attn-tp 2)")
+            transports.fabric.destination_speed(self.group.destinations[rank], seconds)
+            return {"seconds_per_page": seconds, "rank": rank}
         queue = body.get("transfer_queue")
         if queue is not None and (not isinstance(queue, int) or isinstance(queue, bool) or queue < 0):
             raise ValueError("transfer_queue must be an integer >= 0, or absent for every queue")
@@ -361,6 +409,7 @@ class Server:
             "notes": self.metrics.notes if self.metrics is not None else [],
             "ranks": None if self.group is None else [_rank_state(s, m) for s, m in zip(
                 self.group.schedulers, self.group.prefill_mgrs)],
+            "destinations": None if self.group is None else list(self.group.destinations),
         }
 
     def handler(self):
@@ -394,6 +443,7 @@ class Server:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(min(length, 65536))
                 action = {"/scenario/admit": server.admit, "/scenario/link": server.link,
+                          "/scenario/destination": server.destination,
                           "/scenario/end_hang": server.end_hang, "/scenario/abort": server.abort,
                           "/scenario/stop_publishing": server.stop_publishing}.get(self.path.split("?", 1)[0])
                 if action is None:
@@ -411,6 +461,15 @@ class Server:
                     self._send(500, {"error": repr(e)})
 
         return Handler
+
+
+def _seconds_per_page(body, required):
+    seconds = body.get("seconds_per_page")
+    if seconds is None and not required:
+        return None
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+        raise ValueError("seconds_per_page must be a number >= 0")
+    return float(seconds)
 
 
 def _rank_state(scheduler, manager):

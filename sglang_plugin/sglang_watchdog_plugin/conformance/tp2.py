@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 
-from . import runtime
+from . import bench, runtime
 from . import scheduler as sch
 from . import transports
 
@@ -104,6 +104,13 @@ class Tp2Group:
             agent = getattr(getattr(mgr, "agent", None), "name", None)
             if agent is not None:  # NIXL: a transfer names the decode agent it writes to
                 transports.fabric.tag_agent(agent, rank)
+        if backend != "nixl":
+            # Each decode rank is its own destination, as separate decode processes are (newer releases share
+            # one Mooncake engine, so one session, per process).
+            for mgr in self.decode_mgrs:
+                bench.own_session(mgr, next(bench.session_ports))
+        # SGLang's key of each rank's decode peer (/scenario/link's "rank" sets that link's speed).
+        self.destinations = [bench.destination_of(backend, mgr)[0] for mgr in self.decode_mgrs]
         # The plugin's peers share a folder per SGLang server port: one of this group's own, in a folder of
         # this group's own, so no other scene's files are read.
         self.peer_dir = tempfile.mkdtemp(prefix="sglang-watchdog-tp2-peers-")
@@ -158,6 +165,8 @@ class Tp2Group:
 
     def stop(self):
         transports.fabric.end_hangs(link.room for link in self.links)
+        for key in self.destinations:
+            transports.fabric.destination_speed(key, None)
         self._stop.set()
         self._start_barrier.abort()
         self._pair.barrier.abort()

@@ -29,7 +29,11 @@ On top of that a link speed, in seconds per KV page, for every queue or per
 transfer worker queue (``link_speed``), stretches every KV transfer that is
 not hung by its page count (``chunk_pages``, told by the bench when it
 splits a request into chunks): a link at 10% speed is ten times the seconds
-per page of a healthy one.
+per page of a healthy one. A decode destination's own speed
+(``destination_speed``: keyed by the NIXL agent a transfer writes to, or the
+Mooncake session it names) stands over its queue's, so destinations of
+different speeds may share a queue; a change applies to the transfers
+started after it, as a link that slows down or recovers.
 
 The fabric records every transfer it was asked for (room, chunk kind,
 start, end), which is how tests tell a chunk in flight from one settled.
@@ -100,6 +104,7 @@ class Fabric:
         self.pages = {}  # room -> KV pages of each chunk, in order
         self.posted = {}  # room -> KV chunk transfers started so far
         self.speeds = {}  # transfer queue (None: every queue) -> seconds per KV page
+        self.destination_speeds = {}  # decode destination (NIXL agent, Mooncake session) -> seconds per KV page
         self.queue_of = lambda room: None  # set by the bench: the transfer queue a room's chunks go to
         self.landing = {}  # room -> fn(room), called when a transfer of the room is done (on_landed)
 
@@ -141,6 +146,15 @@ class Fabric:
             else:
                 self.speeds[int(queue)] = float(seconds_per_page)
 
+    def destination_speed(self, destination, seconds_per_page):
+        """Seconds per KV page for every transfer into this decode destination, over its queue's speed (None:
+        back to the queue's)."""
+        with self.lock:
+            if seconds_per_page is None:
+                self.destination_speeds.pop(destination, None)
+            else:
+                self.destination_speeds[destination] = float(seconds_per_page)
+
     def claim(self, room, start, length, aux=False, rank=None):
         """Decode memory that belongs to a room (and to one rank's share of it): a transfer writing there is theirs."""
         with self.lock:
@@ -158,7 +172,8 @@ class Fabric:
                     return room, aux, rank
         return None, False, None
 
-    def start(self, room, notif=None, aux=False, rank=None, agent=None):
+    def start(self, room, notif=None, aux=False, rank=None, agent=None, destination=None):
+        """A transfer of the room; ``destination``: the decode agent (NIXL) or session (Mooncake) it writes to."""
         queue = self.queue_of(room) if room is not None else None
         with self.lock:
             if rank is None and agent is not None:
@@ -170,7 +185,9 @@ class Fabric:
                 index = self.posted.get(key, 0)
                 self.posted[key] = index + 1
                 pages = self.pages.get(room, ())
-                speed = self.speeds.get(queue, self.speeds.get(None, 0.0))
+                speed = self.destination_speeds.get(destination)
+                if speed is None:
+                    speed = self.speeds.get(queue, self.speeds.get(None, 0.0))
                 link_seconds = speed * (pages[min(index, len(pages) - 1)] if pages else 0)
                 if isinstance(behaviour, list):
                     behaviour = behaviour[min(index, len(behaviour) - 1)]
@@ -299,7 +316,7 @@ class NixlAgent:
 
     def _xfer(self, remote, notif):
         aux = notif is not None and b"_aux" in (notif.encode() if isinstance(notif, str) else bytes(notif))
-        return _Handle(fabric.start(_room_of(notif), notif, aux, agent=remote), remote)
+        return _Handle(fabric.start(_room_of(notif), notif, aux, agent=remote, destination=remote), remote)
 
     def initialize_xfer(self, op, local, remote_descs, remote_agent, notif=b"", *args, **kwargs):
         return self._xfer(remote_agent, notif)
@@ -390,10 +407,10 @@ class MooncakeEngine:
     def batch_unregister_memory(self, *args, **kwargs):
         return 0
 
-    def _sync(self, address):
+    def _sync(self, session, address):
         try:
             room, aux, rank = fabric.owner_at(address)
-            transfer = fabric.start(room, aux=aux, rank=rank)
+            transfer = fabric.start(room, aux=aux, rank=rank, destination=session)
         except Exception:
             # SGLang's engine wrapper takes any exception for a failed transfer (-1) and says nothing: a fault
             # of this fake must not pass for the room's plan.
@@ -411,10 +428,10 @@ class MooncakeEngine:
                 return -1
 
     def transfer_sync_write(self, session, src, dst, length, *args, **kwargs):
-        return self._sync(int(dst))
+        return self._sync(session, int(dst))
 
     def batch_transfer_sync_write(self, session, srcs, dsts, lengths, *args, **kwargs):
-        return self._sync(int(dsts[0]) if len(dsts) else -1)
+        return self._sync(session, int(dsts[0]) if len(dsts) else -1)
 
     transfer_sync_read = transfer_sync_write
     batch_transfer_sync_read = batch_transfer_sync_write
