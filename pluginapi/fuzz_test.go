@@ -2,6 +2,8 @@ package pluginapi
 
 import (
 	"encoding/json"
+	"fmt"
+	"math"
 	"testing"
 )
 
@@ -17,6 +19,7 @@ func FuzzDecodeListing(f *testing.F) {
 	f.Add([]byte(decodeListing))
 	f.Add([]byte(`{"api_version":1,"server":{"disaggregation_mode":"decode"},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"transfer","poll":"Transferring","age_seconds":1,"progress":-1,"chunks_expected":0,"transfer_started":null}]}`))
 	f.Add([]byte(round4Listing))
+	f.Add([]byte(round5Listing))
 	f.Add([]byte(`{"api_version":2}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -46,15 +49,30 @@ func FuzzDecodeListing(f *testing.F) {
 				t.Fatalf("accepted invalid decode request %d: %+v", i, d)
 			}
 		}
-		for i, tw := range l.TransferWorkers {
+		// The leader copies the other ranks' workers from their peer files
+		// (round 5): they must meet the rules of its own.
+		checkWorker := func(where string, tw TransferWorker) {
 			q := tw.TransferQueue
-			if !inRange(&q) || tw.Depth < 0 || (tw.InFlight != nil && !(tw.InFlight.Seconds >= 0 && tw.InFlight.Pages >= 0)) {
-				t.Fatalf("accepted invalid transfer worker %d: %+v", i, tw)
+			if !inRange(&q) || tw.Depth < 0 || (tw.InFlight != nil && !(tw.InFlight.Seconds >= 0 && tw.InFlight.Pages >= 0 && len(tw.InFlight.Link) <= MaxLinkLength)) {
+				t.Fatalf("accepted invalid transfer worker %s: %+v", where, tw)
 			}
 			for _, s := range tw.Recent {
 				if !(s[0] >= 0 && s[1] >= 0) {
-					t.Fatalf("accepted invalid sample of transfer worker %d: %v", i, s)
+					t.Fatalf("accepted invalid sample of transfer worker %s: %v", where, s)
 				}
+			}
+			for j, c := range tw.Finished {
+				if !(c.Seconds >= 0) || math.IsInf(c.Seconds, 0) || c.Pages < 0 || len(c.Link) > MaxLinkLength || (j > 0 && c.Chunk <= tw.Finished[j-1].Chunk) {
+					t.Fatalf("accepted invalid finished chunk %d of transfer worker %s: %+v", j, where, c)
+				}
+			}
+		}
+		for i, tw := range l.TransferWorkers {
+			checkWorker(fmt.Sprint(i), tw)
+		}
+		for i, p := range l.PeerTransferWorkers {
+			for j, tw := range p.TransferWorkers {
+				checkWorker(fmt.Sprintf("%d of peer %d (%s)", j, i, p.Rank), tw)
 			}
 		}
 		if s := l.Server; s.PPSize < 0 || (s.PPSize > 0 && s.PPRank >= s.PPSize) || (s.TransferQueues != nil && *s.TransferQueues < 1) {

@@ -194,6 +194,11 @@ def _publish(scheduler, identity):
     queues = getattr(manager, "transfer_queues", None)
     for queue in queues if isinstance(queues, list) else ():
         transfer_watch.bind_links(queue, manager)
-    _publishers[scheduler] = peers.Publisher(folder, identity, manager).start()
+    try:
+        _publishers[scheduler] = peers.Publisher(folder, identity, manager).start()
+    except peers.UnsafeFolder as e:
+        logger.error("sglang-watchdog plugin does not publish the transfers of attn_tp_rank=%d attn_cp_rank=%d: %s; "
+                     "the leader counts this rank as unwatched", identity.attn_tp_rank, identity.attn_cp_rank, e)
+        return
     logger.info("sglang-watchdog plugin publishes the transfers of attn_tp_rank=%d attn_cp_rank=%d to %s",
                 identity.attn_tp_rank, identity.attn_cp_rank, folder)

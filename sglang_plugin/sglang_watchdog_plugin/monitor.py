@@ -433,7 +433,7 @@ class Monitor:
     def _peer_view(self):
         """(ranks of the group watched, this one included; the other ranks' View), read once per listing."""
         own = 1 if self.transfer_tracking else 0
-        view = peers.View(0, {}, {}, []) if self.peers is None else self.peers.read()
+        view = peers.View(0, {}, {}, []) if self.peers is None else self.peers.read(queues=self.transfer_queues)
         return own + view.watched, view
 
     def _sent_elsewhere(self, room):

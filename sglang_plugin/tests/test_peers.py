@@ -88,10 +88,10 @@ class PeerFilesTest(unittest.TestCase):
         group = peers.Group(self.folder, self.leader)
         read = peers._read
 
-        def republished_then_read(path):
+        def republished_then_read(folder, name):
             time.sleep(0.01)
-            self.publish(int(path.rsplit("rank-tp", 1)[1].split("-")[0]), {7: 1})
-            return read(path)
+            self.publish(int(name.rsplit("rank-tp", 1)[1].split("-")[0]), {7: 1})
+            return read(folder, name)
 
         with mock.patch.object(peers, "_read", republished_then_read):
             self.assertEqual(_counts(group.read()), (2, {7: 2}))
