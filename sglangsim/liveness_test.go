@@ -45,7 +45,7 @@ func TestTransferWorkerChunkByChunk(t *testing.T) {
 	s.Step()
 	l := s.Listing(0)
 	w := workerOf(t, l, 1)
-	link := destinationName(BackendNIXL, 17001)
+	link := DestinationName(BackendNIXL, 17001)
 	if w.InFlight == nil || *w.InFlight != (pluginapi.ChunkInFlight{Chunk: 1, BootstrapRoom: rm, Pages: 1000, Seconds: 0.1, Link: link}) ||
 		w.ChunksTaken != 1 || w.Depth != 3 || len(w.Recent) != 0 {
 		t.Fatalf("first chunk: %+v in flight %+v", w, w.InFlight)
@@ -121,7 +121,7 @@ func TestDestinationSpeed(t *testing.T) {
 	for _, f := range w.Finished {
 		took[f.Link] += f.Seconds
 	}
-	slowLink, fastLink := destinationName(BackendNIXL, 17005), destinationName(BackendNIXL, 17001)
+	slowLink, fastLink := DestinationName(BackendNIXL, 17005), DestinationName(BackendNIXL, 17001)
 	if len(w.Finished) != 4 || len(took) != 2 || !near(took[slowLink], 10*took[fastLink]) {
 		t.Fatalf("finished %+v: seconds by link %v, want 17005's ten times 17001's", w.Finished, took)
 	}

@@ -172,7 +172,8 @@ type record struct {
 	progressing bool
 	// wedgeOrdered: a wedge order set the lever.
 	wedgeOrdered bool
-	queue        int8 // transfer queue; -1: none
+	queue        int8   // transfer queue; -1: none
+	port         uint16 // decode port; 0: none
 }
 
 func kindIndex(k Kind) uint8 {
@@ -213,6 +214,7 @@ func (rc *record) export() Record {
 		ProgressingWhenForced: rc.progressing,
 		WedgeOrdered:          rc.wedgeOrdered,
 		TransferQueue:         int(rc.queue),
+		DecodePort:            int(rc.port),
 		DecodeReleased:        unixTime(rc.decode),
 		DecodeRank:            int(rc.drank),
 		DecodeAdmitted:        unixTime(rc.dAdmit),
@@ -474,7 +476,7 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 			q.decodePort = decodePortOf(s.opts.DecodePorts, q.room)
 		}
 		q.queue = transferQueue(s.opts.QueueKey, q.room, q.decodePort)
-		q.link = destinationName(s.opts.Backend, q.decodePort)
+		q.link = DestinationName(s.opts.Backend, q.decodePort)
 	}
 	if spec.PromptTokens > 0 {
 		q.prompt = spec.PromptTokens
@@ -495,7 +497,7 @@ func (g *group) newRequest(s *Sim, spec RequestSpec, at time.Time, rank int) *re
 	}
 	q.rec = len(g.records)
 	g.records = append(g.records, record{rid: q.rid, room: q.room, rank: int32(rank), drank: -1,
-		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeQueued), queue: int8(q.queue)})
+		kind: kindIndex(kind), outcome: outcomeIndex(OutcomeQueued), queue: int8(q.queue), port: uint16(q.decodePort)})
 	// Stages before the scheduler (tokenizer side), observed on arrival.
 	m := &g.stages[0].m
 	ms := func(lo, hi float64) float64 { return (lo + (hi-lo)*g.rng.Float64()) / 1000 }

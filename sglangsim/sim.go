@@ -372,6 +372,9 @@ type Record struct {
 	// TransferQueue is the transfer queue the room was bound for; -1 for
 	// the fake sender and refused requests.
 	TransferQueue int
+	// DecodePort is the decode endpoint the room was bound for (its link's
+	// destination); 0 for the fake sender.
+	DecodePort int
 	// ProgressingWhenForced is true if a force-fail hit a request that was
 	// making progress: kinds healthy, slow, health_check, failing, or
 	// blocked_by_wedge once it sent a chunk after its wedge cleared.

@@ -167,12 +167,12 @@ func (l *links) speedOf(q *request) float64 {
 	return l.queue[q.queue]
 }
 
-// destinationName is the name a backend's transfer_infos keys a decode
+// DestinationName is the name a backend's transfer_infos keys a decode
 // destination by, as the plugin lists it for a link: Mooncake's decode
 // session id (host:port); a NIXL decode agent's name (a uuid4 in SGLang
 // v0.5.18: disaggregation/nixl/conn.py), made here from the port so that
 // one endpoint keeps one name.
-func destinationName(backend string, port int) string {
+func DestinationName(backend string, port int) string {
 	if backend == BackendMooncake {
 		return fmt.Sprintf("127.0.0.1:%d", port)
 	}

@@ -118,6 +118,9 @@ func (m *simMetrics) Scrape(context.Context) (*watchdog.MetricsSample, error) {
 type pinTracker struct {
 	mu   sync.Mutex
 	pins map[string]*pinTrack
+	// longest is the longest chunk each link listed in finished: what the
+	// link showed of its pace (issue 23's physical limit).
+	longest map[string]time.Duration
 }
 
 type pinTrack struct {
@@ -132,6 +135,17 @@ type pinTrack struct {
 func (p *pinTracker) observe(l *pluginapi.Listing, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	chunks := func(ws []pluginapi.TransferWorker) {
+		for _, w := range ws {
+			for _, f := range w.Finished {
+				p.longest[f.Link] = max(p.longest[f.Link], time.Duration(f.Seconds*float64(time.Second)))
+			}
+		}
+	}
+	chunks(l.TransferWorkers)
+	for _, peer := range l.PeerTransferWorkers {
+		chunks(peer.TransferWorkers)
+	}
 	for i := range l.Inflight {
 		r := &l.Inflight[i]
 		t, ok := p.pins[r.RID]
@@ -183,7 +197,7 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 	res := &replayResult{cfg: rc, calls: map[string]int{}, skips: map[string]int{}, trigger: map[string]string{},
 		restarts: map[string]int{}, refused: map[sglangsim.Kind]int{}, ridEvents: map[string][]string{},
 		decCalls: map[string]int{}, decSkips: map[string]int{}, heldLive: map[string]bool{}, lookups: map[string]int{},
-		verdicts: map[string]string{}, pins: &pinTracker{pins: map[string]*pinTrack{}}}
+		verdicts: map[string]string{}, pins: &pinTracker{pins: map[string]*pinTrack{}, longest: map[string]time.Duration{}}}
 	if rc.collectSeries {
 		res.series = newSeriesStore()
 	}
@@ -280,7 +294,11 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 		for nextLink < len(t.links) && t.links[nextLink].at <= el {
 			lc := t.links[nextLink]
 			nextLink++
-			if err := sim.SetTPLinkSpeed(-1, lc.tp, lc.queue, lc.speed); err != nil {
+			set := func() error { return sim.SetTPLinkSpeed(-1, lc.tp, lc.queue, lc.speed) }
+			if lc.port > 0 {
+				set = func() error { return sim.SetDestinationSpeed(-1, lc.tp, lc.port, lc.speed) }
+			}
+			if err := set(); err != nil {
 				return nil, err
 			}
 		}
@@ -299,6 +317,9 @@ func replay(t *trace, rc replayConfig) (*replayResult, error) {
 				spec.Bootstrap = 2*time.Millisecond + time.Duration(rng.Float64()*float64(28*time.Millisecond))
 			} else if isPinBehavior(a.behavior) {
 				spec.PinTPRanks = t.pinTP
+			}
+			if a.port > 0 {
+				spec.DecodePort = a.port
 			}
 			rid, _, err := sim.TrySubmit(spec)
 			if err != nil {

@@ -35,6 +35,10 @@ type slClass struct {
 	// (pins, and the rooms queued behind a stuck handle), which must be
 	// released.
 	stuck bool
+	// slowStuck: some of its stuck handles hang on a slow link, where a
+	// stuck chunk is told from a slow one only after that link's own
+	// allowance (link margin x its pace), which may outlast the trace.
+	slowStuck bool
 	// tp: the class replays an attention-TP group (-attn-tp, at least 2)
 	// and is replayed only when -classes names it.
 	tp   bool
@@ -95,10 +99,40 @@ func (b *slBuilder) uniform(lo, hi time.Duration) time.Duration {
 }
 
 // slowLinks slows queue (-1: every queue) of attention-TP rank tp (-1:
-// every rank) down to speed for slowWindow.
+// every rank) down to speed for slowWindow; the default destinations on
+// it form one link class.
 func (b *slBuilder) slowLinks(tp, queue int, speed float64) {
 	b.t.links = append(b.t.links, linkChange{at: slowWindow[0], tp: tp, queue: queue, speed: speed},
 		linkChange{at: slowWindow[1], tp: tp, queue: queue, speed: 1})
+	class := fmt.Sprintf("%g%% at 5-15 min", speed*100)
+	if tp >= 0 {
+		class += fmt.Sprintf(" on TP rank %d", tp)
+	}
+	if b.t.linkClass == nil {
+		b.t.linkClass = map[int]string{}
+	}
+	for _, p := range sglangsim.DefaultDecodePorts {
+		if queue == -1 || p%sglangsim.TransferQueues == queue {
+			b.t.linkClass[p] = class
+		}
+	}
+}
+
+// destination adds a decode destination of its own speed and traffic.
+func (b *slBuilder) destination(d destination) {
+	b.t.addDestination(d, b.uniform, func(at time.Duration, port int) {
+		b.request(at, b.prompt(), func(s *sglangsim.RequestSpec) { s.DecodePort = port })
+	})
+}
+
+// hung adds n stuck handles bound for decode port port, arriving within
+// [from, to).
+func (b *slBuilder) hung(n, port int, from, to time.Duration) {
+	for range n {
+		b.request(b.uniform(from, to), b.prompt(), func(s *sglangsim.RequestSpec) {
+			s.Behavior, s.DecodePort = sglangsim.BehaviorPinStuckHandle, port
+		})
+	}
 }
 
 // queue1Port is a decode endpoint whose rooms take transfer queue 1
@@ -185,6 +219,42 @@ func slowlinkClasses() []slClass {
 					})
 				}
 			}},
+		{name: "mixed-slowlink-hung", stuck: true, what: "link-1pct-one (queue 1's destinations at 1% for 10 min) and 10 hung handles on the other queues' destinations inside the slow window (issue 23)",
+			add: func(b *slBuilder) {
+				b.slowLinks(-1, 1, 0.01)
+				others := []int{17000, 17002, 17003, 17004}
+				for range 10 {
+					b.hung(1, others[b.rng.IntN(len(others))], slowWindow[0]+time.Minute, slowWindow[1]-time.Minute)
+				}
+			}},
+		{name: "shared-queue-speeds", stuck: true, slowStuck: true, what: "two destinations of different speeds on one queue: 17009 at 1% for the whole run (its own 2% of the traffic) shares queue 1 with 17001 and 17005 at full speed; 5 hung handles on 17001, 5 on 17009",
+			add: func(b *slBuilder) {
+				b.destination(destination{port: 17009, class: "1% always (shares queue 1)", speeds: []linkChange{{speed: 0.01}},
+					to: b.traffic, n: b.o.healthy / 50})
+				b.hung(5, 17001, 2*time.Minute, b.traffic-2*time.Minute)
+				b.hung(5, 17009, 2*time.Minute, b.traffic-2*time.Minute)
+			}},
+		{name: "link-drop-recover", stuck: true, slowStuck: true, what: "17010 (queue 2) at full speed, then 1% from 10 min to the end; 17011 (queue 3) at 1%, then full speed from 10 min (2% of the traffic each); 2 hung handles on each before the change, 3 after (17011's right after its recovery)",
+			add: func(b *slBuilder) {
+				change := 10 * time.Minute
+				b.destination(destination{port: 17010, class: "drops to 1% at 10 min", speeds: []linkChange{{at: change, speed: 0.01}},
+					to: b.traffic, n: b.o.healthy / 50})
+				b.destination(destination{port: 17011, class: "1%, recovers at 10 min", speeds: []linkChange{{speed: 0.01}, {at: change, speed: 1}},
+					to: b.traffic, n: b.o.healthy / 50})
+				for _, p := range []int{17010, 17011} {
+					b.hung(2, p, 3*time.Minute, change-time.Minute)
+				}
+				b.hung(3, 17010, change+time.Minute, change+10*time.Minute)
+				b.hung(3, 17011, change+30*time.Second, change+3*time.Minute)
+			}},
+		{name: "new-destination", stuck: true, slowStuck: true, what: "17012 (queue 0) appears at 15 min, at 1% (1% of the traffic from then on), after the other links are measured; 3 hung handles on it within its first minute, 3 later",
+			add: func(b *slBuilder) {
+				from := 15 * time.Minute
+				b.destination(destination{port: 17012, class: "new at 15 min, 1%", speeds: []linkChange{{speed: 0.01}},
+					from: from, to: b.traffic, n: b.o.healthy / 100})
+				b.hung(3, 17012, from+10*time.Second, from+time.Minute)
+				b.hung(3, 17012, from+3*time.Minute, b.traffic-2*time.Minute)
+			}},
 		{name: "silent-pin", stuck: true, what: "10 resurrection pins and 10 aborted-before-register pins (nothing in flight)",
 			add: func(b *slBuilder) {
 				for i := range 20 {
@@ -241,52 +311,66 @@ type slStats struct {
 	refused              int // completable requests refused while the server booted
 }
 
+// rankQueue is one transfer queue of one rank.
+type rankQueue struct{ rank, queue int }
+
+// wedgeIndex finds the wedge that doomed a stuck room and its first
+// diagnosis.
+type wedgeIndex struct {
+	// diag: the transfer_wedged events of each queue, in time order.
+	diag map[rankQueue][]time.Time
+	// start: when each stuck handle that wedged its worker (seen with its
+	// chunk in flight; one queued behind another wedge never is) entered,
+	// in time order.
+	start map[rankQueue][]time.Time
+}
+
+func newWedgeIndex(r *replayResult) *wedgeIndex {
+	wi := &wedgeIndex{diag: map[rankQueue][]time.Time{}, start: map[rankQueue][]time.Time{}}
+	for _, e := range r.wedges {
+		k := rankQueue{e.rank, e.queue}
+		wi.diag[k] = append(wi.diag[k], e.at)
+	}
+	for _, rec := range r.records {
+		if t := r.pins.pins[rec.RID]; rec.Kind == sglangsim.KindPinStuckHandle && t != nil && t.inFlight {
+			k := rankQueue{rec.Rank, rec.TransferQueue}
+			wi.start[k] = append(wi.start[k], rec.EnteredInflight)
+		}
+	}
+	for _, ts := range wi.start {
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	}
+	return wi
+}
+
+// diagnosis returns the first diagnosis of the wedge that doomed a stuck
+// room: the last wedging stuck handle on its queue that entered before it
+// (or itself).
+func (wi *wedgeIndex) diagnosis(rec sglangsim.Record) (time.Time, bool) {
+	k := rankQueue{rec.Rank, rec.TransferQueue}
+	var start time.Time
+	for _, t := range wi.start[k] {
+		if !t.After(rec.EnteredInflight) {
+			start = t
+		}
+	}
+	if start.IsZero() {
+		return time.Time{}, false
+	}
+	for _, d := range wi.diag[k] {
+		if !d.Before(start) {
+			return d, true
+		}
+	}
+	return time.Time{}, false
+}
+
 func slAnalyse(r *replayResult) slStats {
 	var st slStats
 	st.restarts = len(r.restartAt)
 	st.diagnoses = len(r.wedges)
 	st.refused = r.refused[sglangsim.KindHealthy] + r.refused[sglangsim.KindSlow]
-	// The first diagnosis of each wedge: by (rank, queue), the
-	// transfer_wedged events in time order.
-	type rq struct{ rank, queue int }
-	diag := map[rq][]time.Time{}
-	for _, e := range r.wedges {
-		k := rq{e.rank, e.queue}
-		diag[k] = append(diag[k], e.at)
-	}
-	// When each stuck handle that wedged its worker (seen with its chunk
-	// in flight; one queued behind another wedge never is) entered.
-	wedgeStart := map[rq][]time.Time{}
-	for _, rec := range r.records {
-		if t := r.pins.pins[rec.RID]; rec.Kind == sglangsim.KindPinStuckHandle && t != nil && t.inFlight {
-			k := rq{rec.Rank, rec.TransferQueue}
-			wedgeStart[k] = append(wedgeStart[k], rec.EnteredInflight)
-		}
-	}
-	for _, ts := range wedgeStart {
-		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	}
-	// diagnosis returns the first diagnosis of the wedge that doomed a
-	// stuck room: the last wedging stuck handle on its queue that entered
-	// before it (or itself).
-	diagnosis := func(rec sglangsim.Record) (time.Time, bool) {
-		k := rq{rec.Rank, rec.TransferQueue}
-		var start time.Time
-		for _, t := range wedgeStart[k] {
-			if !t.After(rec.EnteredInflight) {
-				start = t
-			}
-		}
-		if start.IsZero() {
-			return time.Time{}, false
-		}
-		for _, d := range diag[k] {
-			if !d.Before(start) {
-				return d, true
-			}
-		}
-		return time.Time{}, false
-	}
+	wi := newWedgeIndex(r)
 	for _, rec := range r.records {
 		if rec.Kind == sglangsim.KindHealthCheck {
 			continue
@@ -313,7 +397,7 @@ func slAnalyse(r *replayResult) slStats {
 		if held {
 			if stuck {
 				st.hungStuck++
-				if _, ok := diagnosis(rec); ok && rec.Kind == sglangsim.KindBlockedByWedge {
+				if _, ok := wi.diagnosis(rec); ok && rec.Kind == sglangsim.KindBlockedByWedge {
 					st.hungBehindDiagnosed++
 				}
 			} else {
@@ -334,7 +418,7 @@ func slAnalyse(r *replayResult) slStats {
 		if rec.Kind != sglangsim.KindPinStuckHandle && rec.Kind != sglangsim.KindBlockedByWedge {
 			continue
 		}
-		if d, ok := diagnosis(rec); ok && !rec.Left.Before(d) {
+		if d, ok := wi.diagnosis(rec); ok && !rec.Left.Before(d) {
 			from := d
 			if rec.EnteredInflight.After(d) {
 				from = rec.EnteredInflight
@@ -432,13 +516,14 @@ func runSlowlink(o options, cfgNames []string) int {
 				s.released, s.stuck, dist(s.fromAdmission), dist(s.overDL), fmt.Sprintf("%s (%d)", dist(s.afterDiagnosis), len(s.afterDiagnosis)), s.hungStuck, s.hungOther, s.forcedFailing)
 		}
 	}
+	var rows []slRow
+	for _, j := range jobs {
+		rows = append(rows, slRow{cfg: j.cfg.name, class: j.class.name, attnTP: traces[j.class.name].attnTP, trace: traces[j.class.name], res: j.res})
+	}
 	if slices.ContainsFunc(classes, func(c slClass) bool { return c.tp }) || o.attnTP > 1 {
-		var rows []slRow
-		for _, j := range jobs {
-			rows = append(rows, slRow{cfg: j.cfg.name, class: j.class.name, attnTP: traces[j.class.name].attnTP, res: j.res})
-		}
 		slDecodeTable(o, rows)
 	}
+	linkTable(rows)
 	fmt.Println("\nA false failure is a room of kind healthy or slow (it would have completed: the simulator knows) that a force-fail or a wedge order failed. Stuck rooms are the pins and the rooms queued behind a stuck handle; their release counts a lever or a restart. \"error after wedge diagnosis\" runs from the watchdog's first transfer_wedged event for the stuck handle's rank and queue (or the room's entry, if later) to the room's error. \"left hung\" counts rooms still in the server at the end; \"other\" ones are still transferring.")
 	return 0
 }
@@ -509,6 +594,7 @@ func slDecode(r *replayResult) slDecodeStats {
 type slRow struct {
 	cfg, class string
 	attnTP     int
+	trace      *trace
 	res        *replayResult
 }
 

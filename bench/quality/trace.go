@@ -24,15 +24,19 @@ type arrival struct {
 	spec *sglangsim.RequestSpec
 	// abortAfter > 0: its client aborts it this long after it arrived.
 	abortAfter time.Duration
+	// port > 0 binds it to that decode destination (RequestSpec.DecodePort).
+	port int
 }
 
-// linkChange sets the link speed of one transfer queue (-1: all) of every
-// rank, on one attention-TP rank (-1: all), at `at`
-// (sglangsim.SetTPLinkSpeed).
+// linkChange sets, at `at`, the link speed on one attention-TP rank (-1:
+// all) of every rank: of one decode destination (port > 0,
+// sglangsim.SetDestinationSpeed), else of every destination on one
+// transfer queue (-1: all; sglangsim.SetTPLinkSpeed).
 type linkChange struct {
 	at    time.Duration
 	tp    int
 	queue int
+	port  int
 	speed float64
 }
 
@@ -41,6 +45,9 @@ type trace struct {
 	arrivals []arrival    // sorted by at
 	links    []linkChange // sorted by at
 	pins     int
+	// linkClass names the link class of the destinations that have one
+	// (addDestination); the others are full speed.
+	linkClass map[int]string
 	// attnTP is the attention-TP group size of the prefill ranks
 	// (sglangsim Options.AttnTP); pinTP the ranks the default family's pins
 	// hold on (nil: all).
