@@ -6,24 +6,6 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// Defaults of the transfer liveness rules (docs/runbook.md, "Transfer
-// liveness", says why).
-const (
-	// DefaultLinkMargin: a live chunk is judged stuck only after 200 times
-	// what its size needs at the slow end of the measured link, so a link
-	// must fall below 0.5% of that speed for a healthy chunk to be taken for
-	// a stuck one; and even then, never before the deadline. 100 was tried:
-	// a link at 1% for every queue, with the chunks' ordinary spread, put a
-	// few healthy chunks past it (bench/quality -family slowlink, BENCHMARKS.md).
-	DefaultLinkMargin = 200
-	// DefaultFailFastMinAge: a wedge order never fails a room younger than
-	// this. A room that just arrived may have been queued after the chunk
-	// it waits behind finished, in the same scheduler pass that the
-	// listing was read in; two seconds is several listing intervals and
-	// scheduler passes, and costs a doomed room nothing noticeable.
-	DefaultFailFastMinAge = 2 * time.Second
-)
-
 // Decisions are pure functions of state, configuration and the clock, so
 // that they can be tested on a fake clock without HTTP.
 

@@ -31,11 +31,6 @@ const (
 	// down, so while a link has shown ten chunks or fewer its pace is
 	// the slowest of them.
 	speedQuantile = 0.1
-	// DefaultLinkIdle: a link that neither finished nor held a chunk for
-	// this long is forgotten, and its next chunk gets the first-chunk
-	// rule. A decode instance that comes back after that may well be
-	// another machine behind the same address.
-	DefaultLinkIdle = 30 * time.Minute
 )
 
 // linkState is what one link has shown: a ring of its last finished

@@ -189,10 +189,10 @@ func New(cfg Config) (*Watchdog, error) {
 		cfg.Logger = log.NewNopLogger()
 	}
 	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = 3
+		cfg.MaxAttempts = defaultMaxAttempts
 	}
 	if cfg.RetryBackoff <= 0 {
-		cfg.RetryBackoff = 10 * time.Second
+		cfg.RetryBackoff = defaultRetryBackoff
 	}
 	if cfg.RestartMode == "" {
 		cfg.RestartMode = ModeOff
