@@ -61,11 +61,17 @@ const (
 	demoDeadline       = 20 * time.Second
 	demoDecodeDeadline = 25 * time.Second
 	demoStallWindow    = 10 * time.Second
-	demoPinWindow      = 30 * time.Second
-	demoMetricsEvery   = 5 * time.Second
-	demoRestartEvery   = 2 * time.Minute
-	demoBootTime       = 10 * time.Second
-	demoToken          = "demo-token"
+	// demoLinkMargin (shipped 200): a stuck chunk is told from a slow one
+	// only once it is held that many times what its size needs at the
+	// slowest pace its link showed. With the demo's 0.3 s transfers and
+	// their heavy tail, 200 would put the wedge's diagnosis minutes past
+	// the end of the demo; its slow transfers stay well inside 20.
+	demoLinkMargin   = 20
+	demoPinWindow    = 30 * time.Second
+	demoMetricsEvery = 5 * time.Second
+	demoRestartEvery = 2 * time.Minute
+	demoBootTime     = 10 * time.Second
+	demoToken        = "demo-token"
 	// demoAdminTimeout is the shipped --force-fail.timeout.
 	demoAdminTimeout = 7 * time.Second
 	// demoHungAfter: a room queued behind the wedge this long before the
@@ -320,7 +326,7 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		Clock: clock.Real{}, Logger: logger,
 		Metrics:  collector.NewMetricsScraper(metricsURL, 2*time.Second),
 		Interval: time.Second, MetricsInterval: demoMetricsEvery,
-		Deadline: demoDeadline, StallWindow: demoStallWindow, PinWindow: demoPinWindow,
+		Deadline: demoDeadline, StallWindow: demoStallWindow, PinWindow: demoPinWindow, LinkMargin: demoLinkMargin,
 		MaxRooms: 100000, Mode: mode, MaxPerMinute: 6, ConfirmTimeout: 30 * time.Second,
 		FailFast: true, FailFastPerMinute: 180, RestartMode: restart, RestartMinInterval: demoRestartEvery,
 		OnEvent: n.event,
@@ -360,7 +366,7 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	for i, u := range pluginURLs {
 		n.say("simulator: plugin of rank %d at %s", i, u)
 	}
-	n.say("watchdog:  mode %s, deadline %s, stall window %s, fail-fast on; its metrics at http://%s/metrics", mode, demoDeadline, demoStallWindow, addr)
+	n.say("watchdog:  mode %s, deadline %s, stall window %s, link margin %d (shipped 200), fail-fast on; its metrics at http://%s/metrics", mode, demoDeadline, demoStallWindow, demoLinkMargin, addr)
 	if d.restart {
 		n.say("restart:   --restart.mode=%s, min interval %s (shipped default 30m); the simulated server boots in %s", restart, demoRestartEvery, demoBootTime)
 	} else {
