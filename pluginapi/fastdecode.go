@@ -25,7 +25,10 @@ type fastDecoder struct {
 	// lastAddr lets rooms share the bootstrap address string, which is
 	// almost always the same.
 	lastAddr string
-	seen     []string
+	// links lets chunks share their link's name: a worker lists its few
+	// links up to 33 times.
+	links map[string]string
+	seen  []string
 }
 
 func (d *fastDecoder) ws() {
@@ -494,6 +497,22 @@ func (d *fastDecoder) addr() (string, bool) {
 	return d.lastAddr, ok
 }
 
+func (d *fastDecoder) link() (string, bool) {
+	b, ok := d.rawString()
+	if !ok {
+		return "", false
+	}
+	if s, found := d.links[string(b)]; found {
+		return s, true
+	}
+	if d.links == nil {
+		d.links = map[string]string{}
+	}
+	s := string(b)
+	d.links[s] = s
+	return s, true
+}
+
 func (d *fastDecoder) int64Ptr() (*int64, bool) {
 	if d.null() {
 		return nil, true
@@ -629,7 +648,7 @@ func (d *fastDecoder) chunkInFlight() (*ChunkInFlight, bool) {
 		case "seconds":
 			c.Seconds, ok = d.float64v()
 		case "link":
-			c.Link, ok = d.str()
+			c.Link, ok = d.link()
 		}
 		return ok
 	})
@@ -651,7 +670,7 @@ func (d *fastDecoder) finished() ([]FinishedChunk, bool) {
 			case "seconds":
 				f.Seconds, ok = d.float64v()
 			case "link":
-				f.Link, ok = d.str()
+				f.Link, ok = d.link()
 			}
 			return ok
 		})
