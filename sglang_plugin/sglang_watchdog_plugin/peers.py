@@ -54,7 +54,9 @@ logger = logging.getLogger("sglang_watchdog_plugin")
 
 PUBLISH_INTERVAL_S = 0.25
 FRESH_S = 2.0
-READ_TIMEOUT_S = 0.2
+# A read of tmpfs takes milliseconds; a busy 2-core host needs a wide margin. Kept under the watchdog's listing
+# timeout (--plugin.timeout, 800 ms by default), which a listing that waited for a stuck read must still meet.
+READ_TIMEOUT_S = 0.5
 # A rank's file holds its rooms' counts and its workers' last 32 chunks: tens of KB. Anything larger is not one.
 MAX_FILE_BYTES = 1 << 20
 MAX_ROOMS = 1 << 16  # rooms in one count, rooms queued on one worker
