@@ -18,6 +18,7 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
 	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
 // maxTableRID caps a rid in the inflight table; --output=json has it whole.
@@ -48,11 +49,6 @@ func healthCheck(flagged bool, rid string, room uint64, addr string) bool {
 		host = h
 	}
 	return flagged || room == 0 || host == fakeBootstrapHost || strings.HasPrefix(rid, healthCheckRIDPrefix)
-}
-
-// isDecode tells a decode plugin's listing (round 3).
-func isDecode(l *pluginapi.Listing) bool {
-	return l.Server.DisaggregationMode == pluginapi.ModeDecode
 }
 
 // safe makes text from a plugin fit for a terminal: anything that is not
@@ -153,7 +149,7 @@ func printInflightTable(w io.Writer, results []rankListing) {
 			continue
 		}
 		rank := fmt.Sprintf("dp%d/pp%d", r.Listing.Server.DPRank, r.Listing.Server.PPRank)
-		if isDecode(r.Listing) {
+		if watchdog.RoleOf(r.Listing) == watchdog.RoleDecode {
 			decodeRanks++
 			for _, d := range r.Listing.DecodeRequests {
 				drows = append(drows, decodeRow{rank: rank, req: d, healthCheck: isDecodeHealthCheck(d)})
@@ -355,7 +351,7 @@ func forceFailStages(ctx context.Context, o *options, listingRT, adminRT http.Ro
 			fmt.Fprintf(stderr, "%s: %s does not list %s; not sent there\n", appName, safe(u), safe(o.rid))
 			continue
 		}
-		stages = append(stages, ffStage{url: u, client: client, decode: isDecode(l)})
+		stages = append(stages, ffStage{url: u, client: client, decode: watchdog.RoleOf(l) == watchdog.RoleDecode})
 	}
 	if len(dpRanks) > 1 {
 		fmt.Fprintf(stderr, "%s: the --plugin.url given are not the stages of one DP rank (they report dp_rank %s); give one rank's stages at a time\n", appName, joinRanks(dpRanks))

@@ -149,7 +149,7 @@ func (c *Client) ForceFail(ctx context.Context, order ForceFailRequest) (int, *F
 	return status, &out, nil
 }
 
-// Restart posts POST /admin/restart (round 2), bounded by the admin timeout.
+// Restart posts POST /admin/restart, bounded by the admin timeout.
 // An older plugin answers 404 with no usable body: that is an error here,
 // with the status, and the caller reports it as unsupported.
 func (c *Client) Restart(ctx context.Context, order RestartRequest) (int, *RestartResponse, error) {
@@ -161,7 +161,7 @@ func (c *Client) Restart(ctx context.Context, order RestartRequest) (int, *Resta
 	return status, &out, nil
 }
 
-// PostWedgeOrder posts POST /admin/wedge_order (round 4): it places or
+// PostWedgeOrder posts POST /admin/wedge_order: it places or
 // renews the standing order for one wedged transfer queue, bounded by the
 // admin timeout. As with ForceFail, a non-nil error means no usable answer;
 // an older plugin's 404 without a contract body is such an error.
@@ -237,10 +237,10 @@ type wireListing struct {
 	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
 	// DecodeRequests stays nil when absent or null (prefill, older plugin).
 	DecodeRequests []DecodeRequest `json:"decode_requests"`
-	// Round 4; nil when absent or null.
+	// Present where server.transfer_progress; nil when absent or null.
 	TransferWorkers []TransferWorker  `json:"transfer_workers"`
 	WedgeOrders     []WedgeOrderState `json:"wedge_orders"`
-	// Round 5; nil when absent or null.
+	// On the leader of an attention TP/CP group; nil when absent or null.
 	PeerTransferWorkers []PeerWorkers `json:"peer_transfer_workers"`
 }
 
@@ -348,7 +348,7 @@ func DecodeListing(body []byte) (*Listing, error) {
 	}, nil
 }
 
-// validateWorker checks one entry of transfer_workers (round 4): the
+// validateWorker checks one entry of transfer_workers: the
 // watchdog divides pages by seconds and compares seconds with deadlines,
 // so neither may be negative or NaN.
 func validateWorker(tw *TransferWorker, queues *int) error {
@@ -396,7 +396,7 @@ func validateWorker(tw *TransferWorker, queues *int) error {
 	return nil
 }
 
-// validateDecodeRequest checks one entry of decode_requests (round 3).
+// validateDecodeRequest checks one entry of decode_requests.
 func validateDecodeRequest(r *DecodeRequest) error {
 	switch {
 	case r.RID == "":
@@ -415,8 +415,8 @@ func validateDecodeRequest(r *DecodeRequest) error {
 	return nil
 }
 
-// validateServer checks the round-2 fields of server; absent ones are
-// unknown and pass.
+// validateServer checks the fields of server that older plugins leave
+// out (levers, pp_size, transfer_queues); absent ones are unknown and pass.
 func validateServer(s *Server) error {
 	switch {
 	case s.PPSize < 0:

@@ -575,7 +575,7 @@ func (d *fastDecoder) uint64s() ([]uint64, bool) {
 	return out, ok
 }
 
-// transferWorkers parses transfer_workers (round 4). Within a worker, a
+// transferWorkers parses transfer_workers. Within a worker, a
 // repeated in_flight or recent would be merged by encoding/json, so such
 // bodies are left to it, as at the top level.
 func (d *fastDecoder) transferWorkers() ([]TransferWorker, bool) {

@@ -13,7 +13,7 @@ const (
 	PathForceFail = "/admin/force_fail"
 	PathRestart   = "/admin/restart"
 	// PathWedgeOrder takes a standing order for one wedged transfer queue
-	// (round 4).
+	// (plugins that report server.transfer_progress).
 	PathWedgeOrder = "/admin/wedge_order"
 )
 
@@ -41,22 +41,23 @@ const (
 	ResultRoomMismatch          = "room_mismatch"
 	ResultSchedulerUnresponsive = "scheduler_unresponsive"
 	ResultInternalError         = "internal_error"
-	// Round 2 (docs/plugin-api.md, "Round 2 additions").
+	// Refusals of plugins that report server.levers; older ones never give
+	// them.
 	ResultHealthCheck       = "health_check"
 	ResultTransferSucceeded = "transfer_succeeded"
 	ResultUnsupported       = "unsupported"
-	// Round 3: decode. The transfer into the request's pages may still be
+	// Decode only. The transfer into the request's pages may still be
 	// live and the caller did not assert that prefill stopped sending.
 	ResultTransferLive = "transfer_live"
 	// The levers were pulled, yet the sender does not poll Failed: SGLang
 	// will not release the request (HTTP 500, counted as an error).
 	ResultLeverIneffective = "lever_ineffective"
-	// Round 5, attention TP/CP: the leader sent its share, but cannot see
+	// Attention TP/CP > 1 only: the leader sent its share, but cannot see
 	// whether the ranks in Ranks still send theirs; nothing was changed.
 	ResultGroupUnwatched = "group_unwatched"
 )
 
-// Wedge order results (POST /admin/wedge_order, round 4).
+// Wedge order results (POST /admin/wedge_order).
 const (
 	ResultOrdered      = "ordered"
 	ResultWouldOrder   = "would_order"
@@ -95,9 +96,9 @@ const (
 	LeverSendFailed    = "_send_failed"
 	LeverConcludeState = "conclude_state"
 	// LeverAbort is the sender's own abort(), as Scheduler.abort_request
-	// calls it (round 2).
+	// calls it.
 	LeverAbort = "abort"
-	// LeverDeferredAbort is decode's register_deferred_abort_room (round 3).
+	// LeverDeferredAbort is decode's register_deferred_abort_room.
 	LeverDeferredAbort = "deferred_abort"
 )
 
@@ -110,26 +111,26 @@ type Listing struct {
 	Queues     Queues  `json:"queues"`
 	Inflight   []Room  `json:"inflight"`
 	// OrphanedTransfers lists rooms that left the inflight queue while the
-	// KV manager still counts outstanding chunks for them (round 2). Nil
+	// KV manager still counts outstanding chunks for them. Nil
 	// means the plugin does not report them (older plugin).
 	OrphanedTransfers []OrphanedTransfer `json:"orphaned_transfers"`
 	// DecodeRequests lists the requests of a decode scheduler's prealloc
-	// and transfer queues (round 3); nil on prefill and older plugins.
+	// and transfer queues; nil on prefill and older plugins.
 	DecodeRequests []DecodeRequest `json:"decode_requests,omitempty"`
 	// TransferWorkers describes each transfer worker of a prefill KV
-	// manager (round 4); nil where server.transfer_progress is not true.
+	// manager; nil where server.transfer_progress is not true.
 	TransferWorkers []TransferWorker `json:"transfer_workers"`
-	// WedgeOrders lists the standing wedge orders (round 4); nil on older
+	// WedgeOrders lists the standing wedge orders; nil on older
 	// plugins.
 	WedgeOrders []WedgeOrderState `json:"wedge_orders"`
 	// PeerTransferWorkers lists, on the leader of an attention TP/CP
-	// group, the transfer workers of each other rank it watches (round 5);
+	// group, the transfer workers of each other rank it watches;
 	// nil where the plugin reports none.
 	PeerTransferWorkers []PeerWorkers `json:"peer_transfer_workers,omitempty"`
 }
 
 // PeerWorkers is one other rank of the leader's attention TP/CP group and
-// its transfer workers, as that rank last published them (round 5).
+// its transfer workers, as that rank last published them.
 // Seconds of a chunk in flight are as of that publication, up to 2 s old,
 // so they err on the young side.
 type PeerWorkers struct {
@@ -137,8 +138,8 @@ type PeerWorkers struct {
 	TransferWorkers []TransferWorker `json:"transfer_workers"`
 }
 
-// TransferWorker is one transfer queue and the worker that serves it
-// (round 4).
+// TransferWorker is one transfer queue and the worker that serves it,
+// listed where server.transfer_progress is true.
 type TransferWorker struct {
 	TransferQueue int   `json:"transfer_queue"`
 	Tracked       bool  `json:"tracked"`
@@ -155,7 +156,7 @@ type TransferWorker struct {
 	// per-link pacing (docs/plugin-api.md, "Links").
 	Finished []FinishedChunk `json:"finished,omitempty"`
 	// QueuedRooms are the rooms with a chunk waiting in this queue, in
-	// queue order: listed for the other ranks' workers only (round 5),
+	// queue order: listed for the other ranks' workers only,
 	// whose rooms the leader's listing does not place on a queue.
 	QueuedRooms []uint64 `json:"queued_rooms,omitempty"`
 }
@@ -193,7 +194,7 @@ type WedgeOrderState struct {
 	RoomsFailed      int     `json:"rooms_failed"`
 }
 
-// WedgeOrderRequest is the body of POST /admin/wedge_order (round 4).
+// WedgeOrderRequest is the body of POST /admin/wedge_order.
 type WedgeOrderRequest struct {
 	TransferQueue int     `json:"transfer_queue"`
 	Chunk         int64   `json:"chunk"`
@@ -220,7 +221,7 @@ type FailedRoom struct {
 }
 
 // DecodeRequest is one request waiting in a decode scheduler's prealloc
-// or transfer queue (round 3).
+// or transfer queue.
 type DecodeRequest struct {
 	RID            string  `json:"rid"`
 	BootstrapRoom  uint64  `json:"bootstrap_room"`
@@ -233,7 +234,7 @@ type DecodeRequest struct {
 	// TransferStarted is nil where unknown.
 	TransferStarted *bool `json:"transfer_started"`
 	HealthCheck     bool  `json:"health_check"`
-	// WaitingForMemory (round 4): a prealloc request whose handshake is
+	// WaitingForMemory: a prealloc request whose handshake is
 	// done, waiting for free KV pages. SGLang never times it out (its
 	// waiting timeout starts when the metadata is sent), so it is not
 	// stuck. False from plugins that predate it.
@@ -257,7 +258,7 @@ type Server struct {
 	DisaggregationMode string `json:"disaggregation_mode"`
 	TransferBackend    string `json:"transfer_backend"`
 	SGLangVersion      string `json:"sglang_version"`
-	// Round 2. Levers is nil when the plugin does not report it (older
+	// Levers is nil when the plugin does not report it (older
 	// plugin: assume the version 1 lever works) and empty when no lever
 	// works on this SGLang version and backend.
 	Levers    []string `json:"levers"`
@@ -266,12 +267,12 @@ type Server struct {
 	PPSize int `json:"pp_size,omitempty"`
 	// TransferQueues is nil when unknown.
 	TransferQueues *int `json:"transfer_queues"`
-	// DeferredRelease is decode's deferred KV release setting (round 3);
+	// DeferredRelease is decode's deferred KV release setting;
 	// nil on prefill or where unknown.
 	DeferredRelease *bool `json:"deferred_release,omitempty"`
 	// TransferTracking is true on prefill when transfer_in_flight and
 	// orphaned_transfers are read from the backend's per-room count of
-	// outstanding chunks (round 3). Otherwise (false, or nil: absent) a
+	// outstanding chunks. Otherwise (false, or nil: absent) a
 	// transfer_in_flight of false may only mean the backend exposes
 	// nothing, and proves nothing.
 	TransferTracking *bool `json:"transfer_tracking,omitempty"`
@@ -279,13 +280,13 @@ type Server struct {
 	// (prefill's attention TP x CP group: each rank runs its own transfer
 	// workers into its decode peer's pages), and TransferRanksWatched how
 	// many of them transfer_in_flight covers, each read within the last few
-	// seconds (round 5). Only when both are given and equal does a false
+	// seconds. Only when both are given and equal does a false
 	// transfer_in_flight say that no rank is writing; nil: absent (an older
 	// plugin, which reads the leader's manager only).
 	TransferRanks        *int `json:"transfer_ranks,omitempty"`
 	TransferRanksWatched *int `json:"transfer_ranks_watched,omitempty"`
 	// TransferProgress is true on prefill when the plugin watches every
-	// transfer worker and reports Listing.TransferWorkers (round 4).
+	// transfer worker and reports Listing.TransferWorkers.
 	TransferProgress *bool `json:"transfer_progress,omitempty"`
 }
 
@@ -300,7 +301,7 @@ type Queues struct {
 	Bootstrap int `json:"bootstrap"`
 	Waiting   int `json:"waiting"`
 	Inflight  int `json:"inflight"`
-	// Decode queues (round 3); 0 on prefill.
+	// Decode queues; 0 on prefill.
 	Prealloc int `json:"prealloc,omitempty"`
 	Transfer int `json:"transfer,omitempty"`
 }
@@ -317,15 +318,17 @@ type Room struct {
 	Progress      int64   `json:"progress"`
 	SendFailed    bool    `json:"send_failed"`
 	HealthCheck   bool    `json:"health_check"`
-	// Round 2; nil means the plugin does not report it.
+	// TransferInFlight and TransferQueue are nil where the plugin does not
+	// report them (older plugins); TransferQueue is null where unknown.
 	TransferInFlight *bool `json:"transfer_in_flight,omitempty"`
 	TransferQueue    *int  `json:"transfer_queue"`
-	// ChunksQueued counts this room's chunks waiting in its transfer queue
-	// (round 4); nil where the plugin does not report it.
+	// ChunksQueued counts this room's chunks waiting in its transfer queue,
+	// where server.transfer_progress; nil where the plugin does not report
+	// it.
 	ChunksQueued *int `json:"chunks_queued"`
 	// PeerChunksQueued counts this room's chunks waiting in the worker
-	// queues of the other watched ranks of its attention TP/CP group
-	// (round 5); nil where not reported.
+	// queues of the other watched ranks of its attention TP/CP group; nil
+	// where not reported.
 	PeerChunksQueued *int `json:"peer_chunks_queued,omitempty"`
 }
 
@@ -337,7 +340,7 @@ type ForceFailRequest struct {
 	Reason        string  `json:"reason,omitempty"`
 	DryRun        bool    `json:"dry_run"`
 	// PrefillStopped asserts, on decode, that the prefill peer has stopped
-	// sending for this room (round 3).
+	// sending for this room.
 	PrefillStopped bool `json:"prefill_stopped,omitempty"`
 }
 
@@ -349,16 +352,16 @@ type ForceFailResponse struct {
 	RID           string  `json:"rid,omitempty"`
 	BootstrapRoom *uint64 `json:"bootstrap_room,omitempty"`
 	Lever         string  `json:"lever,omitempty"`
-	// Levers pulled, already set or that would be pulled (round 2).
+	// Levers pulled, already set or that would be pulled.
 	Levers      []string `json:"levers,omitempty"`
 	AppliedUnix float64  `json:"applied_unix,omitempty"`
 	Error       string   `json:"error,omitempty"`
-	// Ranks of the attention TP/CP group not watched (group_unwatched,
-	// round 5), as "tp<R>-cp<C>".
+	// Ranks of the attention TP/CP group not watched (group_unwatched), as
+	// "tp<R>-cp<C>".
 	Ranks []string `json:"ranks,omitempty"`
 }
 
-// RestartRequest is the body of POST /admin/restart (round 2). PID must be
+// RestartRequest is the body of POST /admin/restart. PID must be
 // the pid the caller read from the listing.
 type RestartRequest struct {
 	PID    int    `json:"pid"`

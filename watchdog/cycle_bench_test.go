@@ -176,7 +176,7 @@ func benchCycle(b *testing.B, ranks, rooms int, load cycleLoad, wire bool) {
 	w.mu.Lock()
 	stuck := 0
 	for _, rk := range w.ranks {
-		stuck += rk.stuck
+		stuck += rk.stuckCount
 	}
 	w.mu.Unlock()
 	if stuck != 0 {

@@ -22,7 +22,7 @@ func roomStuck(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Con
 		return false
 	case r.dqueue != "":
 		return stalled(r, rk, now, cfg, cfg.DecodeDeadline)
-	case rk.progress:
+	case rk.reportsTransferProgress:
 		return progressRoomStuck(room, r, rk, now, cfg)
 	}
 	return stalled(r, rk, now, cfg, cfg.Deadline)
@@ -142,7 +142,8 @@ func gaugePinned(g *gaugeState, m *metricsState, now time.Time, cfg *Config) boo
 
 // Rules of a transfer wedge, as logged.
 const (
-	// Ranks without transfer_progress (round 2 and 3 fields).
+	// Ranks without transfer_progress, from transfer_in_flight and
+	// orphaned_transfers.
 	wedgeInFlight  = "in_flight"
 	wedgeSuspected = "suspected"
 	// Ranks with transfer_progress: the worker's chunk is overdue and its
@@ -164,7 +165,7 @@ const noChunk = -1
 // one chunk at a time and waits for it with no deadline, so a chunk that
 // never completes holds every later room on its queue). Ranks with
 // transfer_progress are judged by progressWedges; the others by the
-// round-2 rules:
+// stall rules (stallWedges):
 //   - a room with a transfer in flight that is stuck (old, no change for the
 //     stall window while the loop ran) wedges its queue;
 //   - an orphaned transfer on queue Q, listed for the stall window, wedges
@@ -192,7 +193,7 @@ func transferWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 		return rk.wedges
 	}
 	var out map[int]*transferWedge
-	if rk.progress {
+	if rk.reportsTransferProgress {
 		out = progressWedges(rk, now, cfg)
 	} else {
 		out = stallWedges(rk, now, cfg)
@@ -250,7 +251,8 @@ func progressWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transfer
 	return out
 }
 
-// stallWedges applies the round-2 rules (transferWedges).
+// stallWedges applies the stall rules of ranks without transfer_progress
+// (transferWedges).
 func stallWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transferWedge {
 	out := map[int]*transferWedge{}
 	evidence := map[int]bool{}
@@ -301,7 +303,7 @@ func stallWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transferWed
 
 // wedgeActionable tells whether a wedge may be acted on (a wedge order, a
 // restart): only one diagnosed from transfer_progress, whose chunk is
-// known to be overdue for its size. The round-2 rules take a slow healthy
+// known to be overdue for its size. The stall rules take a slow healthy
 // chunk for a wedge, and act on nothing.
 func wedgeActionable(tw *transferWedge) bool {
 	return tw.diagnosed && tw.chunk != noChunk

@@ -20,8 +20,8 @@ type entry struct {
 	inFlight *bool
 	queue    *int
 	tracked  bool
-	// chunksQueued is the room's chunks_queued (round 4), 0 when unknown;
-	// peerChunksQueued its peer_chunks_queued (round 5), likewise.
+	// chunksQueued is the room's chunks_queued, 0 when unknown;
+	// peerChunksQueued its peer_chunks_queued, likewise.
 	chunksQueued     int
 	peerChunksQueued int
 	// Decode only.
@@ -32,8 +32,9 @@ type entry struct {
 
 func (e *entry) key() roomKey { return roomKey{e.rid, e.room} }
 
-// roleOf tells a rank's role from its listing.
-func roleOf(l *pluginapi.Listing) string {
+// RoleOf tells a rank's role from its listing: RoleDecode for a decode
+// plugin (disaggregation_mode "decode"), RolePrefill otherwise.
+func RoleOf(l *pluginapi.Listing) string {
 	if l.Server.DisaggregationMode == pluginapi.ModeDecode {
 		return RoleDecode
 	}
@@ -43,7 +44,7 @@ func roleOf(l *pluginapi.Listing) string {
 // entries lists the requests of a listing that the watchdog watches: the
 // inflight rooms of a prefill rank, the decode requests of a decode rank.
 func entries(l *pluginapi.Listing) []entry {
-	if roleOf(l) == RoleDecode {
+	if RoleOf(l) == RoleDecode {
 		out := make([]entry, len(l.DecodeRequests))
 		for i := range l.DecodeRequests {
 			d := &l.DecodeRequests[i]

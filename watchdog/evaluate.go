@@ -41,7 +41,7 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 	rk.wedged = wedged
 	events = append(events, w.evaluateTransfers(rk, now)...)
 
-	rk.stuck = 0
+	rk.stuckCount = 0
 	rk.oldest = 0
 	if rk.byPoll == nil {
 		rk.byPoll = make(map[string]int, len(pluginapi.PollStates))
@@ -58,7 +58,7 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		}
 		stuck := roomStuck(key.room, r, rk, now, &w.cfg)
 		if stuck {
-			rk.stuck++
+			rk.stuckCount++
 			if st := w.requests[reqKey{role: rk.role, dp: rk.dpLabel, roomKey: key}]; st != nil && !st.done && st.lastSkip != "" {
 				rk.unactionable[st.lastSkip]++
 			}
@@ -77,11 +77,11 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 
 // stuckReason says, for the log, what made a room stuck.
 func stuckReason(room uint64, r *roomState, rk *rankState, now time.Time, cfg *Config) string {
-	if ws := rk.workers[r.queue]; rk.progress && r.dqueue == "" && ws != nil && ws.tracked && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room {
+	if ws := rk.workers[r.queue]; rk.reportsTransferProgress && r.dqueue == "" && ws != nil && ws.tracked && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room {
 		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d, past its allowance of %s at the pace of its link %q", ws.inFlight.Chunk, ws.inFlight.Pages,
 			ws.inFlight.Seconds, r.queue, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second), ws.link)
 	}
-	if rank, q, ws := overduePeerChunk(room, rk, now, cfg); ws != nil && rk.progress && r.dqueue == "" {
+	if rank, q, ws := overduePeerChunk(room, rk, now, cfg); ws != nil && rk.reportsTransferProgress && r.dqueue == "" {
 		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d of rank %s, past its allowance of %s at the pace of that rank's link %q",
 			ws.inFlight.Chunk, ws.inFlight.Pages, ws.inFlight.Seconds, q, rank, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second), ws.link)
 	}

@@ -139,7 +139,7 @@ func (w *Watchdog) reread(ctx context.Context, c candidate, trigger string) (tar
 		if l.Server.Levers != nil && len(l.Server.Levers) == 0 {
 			return nil, nil, w.skip(c, SkipUnsupported, trigger, "no lever works on "+s.rank.status.target+": "+l.Server.LeverNote)
 		}
-		if roleOf(l) != c.key.role {
+		if RoleOf(l) != c.key.role {
 			return nil, nil, w.skip(c, SkipSourceDown, trigger, s.rank.status.target+" changed its disaggregation mode since the decision")
 		}
 		now := findEntry(l, c.key.roomKey)

@@ -58,7 +58,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		clear(rk.orders)
 	}
 	rk.server = l.Server
-	rk.role = roleOf(l)
+	rk.role = RoleOf(l)
 	w.decodeSeen = w.decodeSeen || rk.role == RoleDecode
 	if rk.role == RoleDecode && l.DecodeRequests == nil && !rk.noDecodeSupport {
 		rk.noDecodeSupport = true
@@ -88,7 +88,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.iterations = l.Loop.Iterations
 	rk.listed = true
 
-	rk.progress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
+	rk.reportsTransferProgress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
 	observeWorkers(rk, l.TransferWorkers, l.PeerTransferWorkers, now, w.cfg.LinkIdle)
 
 	rk.cycle++
@@ -191,7 +191,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 func observeWorkers(rk *rankState, listed []pluginapi.TransferWorker, peers []pluginapi.PeerWorkers, now time.Time, idle time.Duration) {
 	clear(rk.peerHeld)
 	clear(rk.peerBehind)
-	if !rk.progress {
+	if !rk.reportsTransferProgress {
 		clear(rk.workers)
 		clear(rk.peerWorkers)
 		clear(rk.links)

@@ -159,7 +159,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 		rs := RankSnapshot{
 			Target: rk.status.target, Role: rk.role, TransferWedged: len(rk.wedges) > 0, TransferWedges: rk.wedgeCount, Unactionable: map[string]int{},
 			DPRank: rk.dpLabel, PPRank: rk.ppLabel, TPRank: rk.server.TPRank,
-			Queues: rk.queues, ByPoll: map[string]int{}, OldestAge: rk.oldest, Stuck: rk.stuck,
+			Queues: rk.queues, ByPoll: map[string]int{}, OldestAge: rk.oldest, Stuck: rk.stuckCount,
 			LoopStall: now.Sub(rk.loopAdvancedAt), Wedged: rk.wedged,
 			AgeBuckets: make([]uint64, len(ageBuckets)), AgeCount: rk.hist.count, AgeSum: rk.hist.sum,
 		}

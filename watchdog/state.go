@@ -34,17 +34,18 @@ type roomState struct {
 	health   bool
 	addr     string
 	prompt   int
-	// Round-2 transfer fields; unknown with an older plugin.
+	// transfer_in_flight and transfer_queue; unknown with an older plugin.
 	inFlightKnown bool
 	inFlight      bool
 	queue         int // transfer queue, -1 when unknown
-	// Round 4, on ranks with transfer_progress: the chunk of this room in
+	// Present when server.transfer_progress: the chunk of this room in
 	// its worker's hands (noChunk when none) and its chunks waiting in the
 	// queue (0 when unknown). A change of either is transfer activity.
 	chunk        int64
 	chunksQueued int
-	// Round 5, attention TP/CP > 1: its chunks waiting in the other
-	// ranks' queues, and the peer chunks of it in flight (peerHeld).
+	// Attention TP/CP > 1, from peer_transfer_workers: its chunks waiting
+	// in the other ranks' queues, and the peer chunks of it in flight
+	// (peerHeld).
 	peerChunksQueued int
 	peerChunks       string
 	// Decode requests only: the decode queue (prealloc, transfer) and
@@ -90,7 +91,7 @@ type transferWedge struct {
 	rule      string // wedgeInFlight, wedgeOverdue, wedgeOrphaned or wedgeSuspected
 	room      uint64 // the evidence: the in-flight or orphaned room
 	// chunk is the overdue chunk in the worker's hands (transfer_progress),
-	// noChunk for a wedge diagnosed by the round-2 rules.
+	// noChunk for a wedge diagnosed by the stall rules (stallWedges).
 	chunk int64
 }
 
@@ -178,8 +179,8 @@ type rankState struct {
 	// role is RoleDecode when the listing says disaggregation_mode
 	// "decode", RolePrefill otherwise.
 	role string
-	// noDecodeSupport: a decode plugin that lists no decode_requests
-	// (predates round 3); said once per process.
+	// noDecodeSupport: a decode plugin that lists no decode_requests (one
+	// older than the decode side); said once per process.
 	noDecodeSupport bool
 
 	listed bool // a listing has succeeded at least once
@@ -205,12 +206,12 @@ type rankState struct {
 	queueChange map[int]time.Time
 	wedges      map[int]*transferWedge
 	wedgeCount  uint64
-	// progress: the listing reports transfer_progress, so its rooms are
-	// judged by their transfer workers (progressRoomStuck).
-	progress bool
-	workers  map[int]*workerState
+	// reportsTransferProgress: the listing reports transfer_progress, so
+	// its rooms are judged by their transfer workers (progressRoomStuck).
+	reportsTransferProgress bool
+	workers                 map[int]*workerState
 	// peerWorkers are the transfer workers of the other ranks of the
-	// leader's attention TP/CP group, by rank name (round 5); a chunk one
+	// leader's attention TP/CP group, by rank name; a chunk one
 	// of them holds is judged by that rank's own worker and link.
 	// peerHeld names, per room, the peer chunks of it in flight;
 	// peerBehind lists the peer workers it has a chunk queued behind.
@@ -236,8 +237,8 @@ type rankState struct {
 
 	// Verdicts of the last successful cycle; kept while the source is down,
 	// so that a failing source never reads as "nothing stuck".
-	stuck  int
-	wedged bool
+	stuckCount int
+	wedged     bool
 	// unactionable counts stuck requests by the skip reason that keeps
 	// them stuck (source_down, unsupported), as of the last evaluation.
 	unactionable map[string]int
@@ -272,16 +273,18 @@ type gaugeState struct {
 
 // metricsState is what the watchdog knows from SGLang's /metrics.
 type metricsState struct {
-	status       sourceState
-	sampled      bool
-	gauges       map[GaugeKey]*gaugeState
-	progress     map[string]float64
+	status  sourceState
+	sampled bool
+	gauges  map[GaugeKey]*gaugeState
+	// counters are the progress counters' totals by family, the
+	// failure counters that confirm a release among them.
+	counters     map[string]float64
 	lastProgress time.Time
 }
 
 // counter returns the total of one failure counter family.
 func (m *metricsState) counter(family string) (float64, bool) {
-	v, ok := m.progress[family]
+	v, ok := m.counters[family]
 	return v, ok
 }
 

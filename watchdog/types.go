@@ -69,14 +69,14 @@ type PluginSource interface {
 }
 
 // Restarter is a PluginSource that can also end its scheduler process
-// (POST /admin/restart, round 2). *pluginapi.Client implements it; a source
+// (POST /admin/restart). *pluginapi.Client implements it; a source
 // without it counts every restart as unsupported.
 type Restarter interface {
 	Restart(ctx context.Context, order pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
 }
 
 // WedgeOrderer is a PluginSource that takes standing orders for wedged
-// transfer queues (POST /admin/wedge_order, round 4). *pluginapi.Client
+// transfer queues (POST /admin/wedge_order). *pluginapi.Client
 // implements it; a source without it counts every order as unsupported.
 type WedgeOrderer interface {
 	PostWedgeOrder(ctx context.Context, order pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error)

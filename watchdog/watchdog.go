@@ -383,17 +383,17 @@ func (w *Watchdog) observeMetrics(s *MetricsSample, now time.Time) {
 	m := w.metrics
 	moved := !m.sampled
 	for fam, v := range s.Progress {
-		if old, ok := m.progress[fam]; !ok || old != v {
+		if old, ok := m.counters[fam]; !ok || old != v {
 			moved = true
 		}
 	}
-	if len(s.Progress) != len(m.progress) {
+	if len(s.Progress) != len(m.counters) {
 		moved = true
 	}
 	if moved {
 		m.lastProgress = now
 	}
-	m.progress = s.Progress
+	m.counters = s.Progress
 	for k, v := range s.Gauges {
 		g, ok := m.gauges[k]
 		if !ok {

@@ -66,7 +66,7 @@ func (w *Watchdog) orderCalls() []orderCall {
 			}
 		}
 		rk.closing = rk.closing[:0]
-		if !rk.status.up || rk.wedged || !rk.loopAdvancing || !rk.progress || rk.unsupported() {
+		if !rk.status.up || rk.wedged || !rk.loopAdvancing || !rk.reportsTransferProgress || rk.unsupported() {
 			continue
 		}
 		queues := make([]int, 0, len(rk.wedges))

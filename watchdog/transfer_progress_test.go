@@ -147,7 +147,7 @@ func progressCase(measured, tracked bool, c *pluginapi.ChunkInFlight) *rankState
 	if measured {
 		ws.speed = 64
 	}
-	return &rankState{progress: true, loopAdvancing: true, iterations: 200, workers: map[int]*workerState{0: ws}}
+	return &rankState{reportsTransferProgress: true, loopAdvancing: true, iterations: 200, workers: map[int]*workerState{0: ws}}
 }
 
 func TestProgressRoomStuck(t *testing.T) {
