@@ -117,6 +117,7 @@ type options struct {
 	attnTP       int
 	tpView       string
 	pinTPRanks   string
+	links        string
 }
 
 func main() {
@@ -153,6 +154,7 @@ func main() {
 	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all but tp-nonleader-wedge: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, error-late, hung-handle, mixed-slowlink-hung, shared-queue-speeds, link-drop-recover, new-destination, silent-pin; tp-nonleader-wedge replays with -attn-tp 2 at least)")
 	flag.IntVar(&o.attnTP, "attn-tp", 1, "attention-TP group size of every prefill rank: each rank of the group runs its own transfer workers into its decode peer's pages (sglangsim Options.AttnTP)")
 	flag.StringVar(&o.tpView, "tp-view", "round5", "with an attention-TP group (-attn-tp > 1, or the slowlink class tp-nonleader-wedge), what the prefill plugin lists: round5 (every rank's chunks merged), stale-peer (one non-leader rank not read: fails closed), leader-only (the leader alone, as the only writer: the view the watchdog trusted through round 4)")
+	flag.StringVar(&o.links, "links", "uniform", "default family: uniform (every decode destination at full speed) or hetero (issue 23's heterogeneous fleet: four more destinations, at 1% and 10%, one at 10% for 10 min, one new at mid-run, each with its own traffic; the stuck-handle pins spread over every destination)")
 	flag.StringVar(&o.pinTPRanks, "pin-tp-ranks", "", "default family: the attention-TP ranks the pins hold on, comma-separated (0 is the leader; \"1\": non-leader wedges); empty: every rank")
 	flag.Parse()
 	if o.attnTP < 1 {
@@ -186,6 +188,9 @@ func main() {
 			// 128 KiB a token) in 100 ms; -median 1s replays a slow one.
 			o.median = 100 * time.Millisecond
 		}
+	} else if o.links != "uniform" && o.links != "hetero" {
+		fmt.Fprintf(os.Stderr, "-links: unknown fleet %q (want uniform or hetero)\n", o.links)
+		os.Exit(2)
 	} else if o.family != "default" {
 		fmt.Fprintf(os.Stderr, "-family: unknown family %q (want default or slowlink)\n", o.family)
 		os.Exit(2)

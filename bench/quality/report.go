@@ -485,6 +485,13 @@ func run(o options) int {
 				b.failFast, b.auto, b.held, secs(quantile(sa.toDiagnosis, 0.5)), secs(maxDur(sa.toDiagnosis)))
 		}
 	}
+	if tr.linkClass != nil {
+		var rows []slRow
+		for i, r := range mains {
+			rows = append(rows, slRow{cfg: jobs[i].name, class: "default (" + o.links + ")", attnTP: tr.attnTP, trace: tr, res: r})
+		}
+		linkTable(rows)
+	}
 	fmt.Printf("\ntotal wall time %s\n", time.Since(t0).Round(100*time.Millisecond))
 	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -115,8 +116,47 @@ func makeTrace(o options) *trace {
 			t.arrivals = append(t.arrivals, arrival{at: at, rank: rng.IntN(o.ranks), behavior: kinds[i]})
 		}
 	}
+	if o.links == "hetero" {
+		t.heterogeneous(traffic)
+	}
 	sort.SliceStable(t.arrivals, func(i, j int) bool { return t.arrivals[i].at < t.arrivals[j].at })
 	return t
+}
+
+// heterogeneous adds issue 23's fleet to the default trace, from a stream
+// of its own (the rest of the trace is the uniform one): four decode
+// destinations beyond the simulator's six, each with its own speed and
+// traffic, sized so that its serial workers keep up (a 1% link makes a
+// median transfer 100 s), and binds every stuck-handle pin to one of the
+// ten destinations that exists when it arrives.
+func (t *trace) heterogeneous(traffic time.Duration) {
+	o := t.o
+	rng := rand.New(rand.NewPCG(uint64(o.seed), 0x11c5))
+	uniform := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Float64()*float64(hi-lo)) }
+	add := func(at time.Duration, port int) {
+		t.arrivals = append(t.arrivals, arrival{at: at, rank: rng.IntN(o.ranks), behavior: sglangsim.BehaviorHealthy, port: port})
+	}
+	mid := o.duration / 2
+	fleet := []destination{
+		{port: 17009, class: "1% (shares queue 1)", speeds: []linkChange{{speed: 0.01}}, to: traffic, n: o.healthy / 500},
+		{port: 17013, class: "10% (shares queue 1)", speeds: []linkChange{{speed: 0.1}}, to: traffic, n: o.healthy / 100},
+		{port: 17010, class: "10% for 10 min from 20 min", speeds: []linkChange{{at: 20 * time.Minute, speed: 0.1}, {at: 30 * time.Minute, speed: 1}},
+			to: traffic, n: o.healthy / 50},
+		{port: 17012, class: "new at mid-run, 10%", speeds: []linkChange{{speed: 0.1}}, from: mid, to: traffic, n: o.healthy / 200},
+	}
+	for _, d := range fleet {
+		t.addDestination(d, uniform, add)
+	}
+	ports := append(slices.Clone(sglangsim.DefaultDecodePorts), 17009, 17013, 17010, 17012)
+	for i := range t.arrivals {
+		a := &t.arrivals[i]
+		if a.behavior != sglangsim.BehaviorPinStuckHandle {
+			continue
+		}
+		for a.port == 0 || (a.port == 17012 && a.at < mid) {
+			a.port = ports[rng.IntN(len(ports))]
+		}
+	}
 }
 
 // pinMechanisms parses -mechanisms; main checks it first.
