@@ -23,7 +23,21 @@ order was handled, which also lets go of requests that left.
 import time
 from typing import NamedTuple
 
-from . import decode
+from .decode_capabilities import detect, pass_problem
+from .decode_observe import (
+    _UNKNOWN_VIEW,
+    PREALLOC,
+    TRANSFER,
+    WHERE,
+    backend_receiver,
+    observe_receiver,
+    queues,
+    receiver_class,
+    request_room,
+    waiting_for_memory,
+)
+from .decode_orders import apply_order
+from .decode_release import deferred_release
 from .monitor import _NO_SENDER_YET, Monitor, logger
 from .observe import poll_name
 from .orders import is_health_check
@@ -62,7 +76,7 @@ _EMPTY = DecodeSnapshot(prealloc_members=(), transfer_members=(), rooms={})
 
 class DecodeMonitor(Monitor):
     mode = "decode"
-    where = decode.WHERE
+    where = WHERE
     no_lever_yet = _NO_RECEIVER_YET
 
     def __init__(self, identity):
@@ -81,12 +95,12 @@ class DecodeMonitor(Monitor):
     def configure(self, scheduler, pass_fn):
         """Scheduler thread, at load: works out the decode lever from the code of this SGLang."""
         try:
-            self._pass_problem = decode.pass_problem(scheduler)
-            receiver_cls = decode.receiver_class(scheduler, self.identity.backend)
+            self._pass_problem = pass_problem(scheduler)
+            receiver_cls = receiver_class(scheduler, self.identity.backend)
             if receiver_cls is not None:
                 self._resolve_receiver(receiver_cls)
             manager = getattr(getattr(scheduler, "disagg_decode_prealloc_queue", None), "kv_manager", None)
-            self.deferred_release = decode.deferred_release(manager)
+            self.deferred_release = deferred_release(manager)
         except Exception as e:
             self._cannot_inspect(e, "decode lever")
         logger.info(
@@ -99,11 +113,11 @@ class DecodeMonitor(Monitor):
         cls = type(receiver)
         caps = self._by_class.get(cls)
         if caps is None:
-            caps = self._by_class[cls] = decode.detect(cls, self._pass_problem)
+            caps = self._by_class[cls] = detect(cls, self._pass_problem)
         return caps
 
     def _resolve_receiver(self, receiver_cls):
-        self.capabilities = self._by_class[receiver_cls] = decode.detect(receiver_cls, self._pass_problem)
+        self.capabilities = self._by_class[receiver_cls] = detect(receiver_cls, self._pass_problem)
 
     # -- scheduler thread -------------------------------------------------
 
@@ -112,10 +126,10 @@ class DecodeMonitor(Monitor):
             self.iterations += 1
             self.last_iteration_unix = time.time()
             if self._orders:
-                self._handle_orders(lambda order: decode.apply_order(order, scheduler, self.capabilities_for,
+                self._handle_orders(lambda order: apply_order(order, scheduler, self.capabilities_for,
                                                                      self._note_deferred, self.identity.pp_size),
                                     "decode force-fail order")
-            prealloc, transfer = decode.queues(scheduler)
+            prealloc, transfer = queues(scheduler)
             self._total_before_pass = len(prealloc) + len(transfer)
             if len(prealloc) != self._known_prealloc or len(transfer) != self._known_transfer:
                 self._publish(prealloc, transfer, time.perf_counter(), newcomers=True)
@@ -125,7 +139,7 @@ class DecodeMonitor(Monitor):
     def after_pass(self, scheduler):
         try:
             now = time.perf_counter()
-            prealloc, transfer = decode.queues(scheduler)
+            prealloc, transfer = queues(scheduler)
             if self._handled_order or now >= self._next_reobserve:
                 self._reobserve_all(prealloc, transfer, now)
                 self._publish(prealloc, transfer, now, newcomers=False)
@@ -186,14 +200,14 @@ class DecodeMonitor(Monitor):
         self._next_reobserve = now + self._reobserve_interval
 
     def _resolve_from(self, decode_req):
-        found = decode.backend_receiver(getattr(decode_req, "kv_receiver", None), self.identity.backend)
+        found = backend_receiver(getattr(decode_req, "kv_receiver", None), self.identity.backend)
         if found is not None:
             self._resolve_receiver(found)
 
     def _describe(self, decode_req, now):
         req = getattr(decode_req, "req", None)
         rid = getattr(req, "rid", None)
-        room = decode.request_room(req)
+        room = request_room(req)
         if not isinstance(rid, str) or not isinstance(room, int) or isinstance(room, bool):
             return None
         host = getattr(req, "bootstrap_host", None)
@@ -207,12 +221,12 @@ class DecodeMonitor(Monitor):
     @staticmethod
     def _observed(decode_req, facts, previous):
         try:
-            view = decode.observe_receiver(getattr(decode_req, "kv_receiver", None), facts.bootstrap_room)
+            view = observe_receiver(getattr(decode_req, "kv_receiver", None), facts.bootstrap_room)
         except Exception:  # a receiver that fails to answer is listed, not dropped
-            view = decode._UNKNOWN_VIEW
+            view = _UNKNOWN_VIEW
         if previous is not None and previous.progress > view.progress:
             view = view._replace(progress=previous.progress)  # progress never decreases
-        return (decode_req, facts, view._replace(waiting_for_memory=decode.waiting_for_memory(decode_req, view)))
+        return (decode_req, facts, view._replace(waiting_for_memory=waiting_for_memory(decode_req, view)))
 
     # -- HTTP threads -----------------------------------------------------
 
@@ -241,7 +255,7 @@ class DecodeMonitor(Monitor):
 def _listed(snapshot):
     """(decode_req, facts, view, queue name) of the snapshot's requests, prealloc queue first, in queue order."""
     rooms = snapshot.rooms
-    for queue, members in ((decode.PREALLOC, snapshot.prealloc_members), (decode.TRANSFER, snapshot.transfer_members)):
+    for queue, members in ((PREALLOC, snapshot.prealloc_members), (TRANSFER, snapshot.transfer_members)):
         for decode_req in members:
             room = rooms.get(id(decode_req))
             if room is not None:
@@ -261,5 +275,5 @@ def _row(facts, view, queue, now):
         "transfer_started": view.transfer_started,
         "health_check": facts.health_check,
         # Only the prealloc queue waits for memory; SGLang leaves the flag set in the transfer queue.
-        "waiting_for_memory": queue == decode.PREALLOC and view.waiting_for_memory,
+        "waiting_for_memory": queue == PREALLOC and view.waiting_for_memory,
     }
