@@ -37,7 +37,12 @@ func TestTPNonLeaderWriteHoldsDecode(t *testing.T) {
 			cfg := watchdog.Config{Clock: c, Logger: log.NewNopLogger(), Interval: time.Second, MetricsInterval: 15 * time.Second,
 				Deadline: 60 * time.Second, DecodeDeadline: watchdog.DefaultDecodeDeadline, StallWindow: 30 * time.Second,
 				PinWindow: 2 * time.Minute, MaxRooms: 100000, Mode: watchdog.ModeAuto, MaxPerMinute: 6, ConfirmTimeout: time.Minute,
-				FailFast: true, FailFastPerMinute: 180}
+				FailFast: true, FailFastPerMinute: 180,
+				// The hung link showed one chunk (171 pages in 2 s): at
+				// the shipped margin its allowance, 400 s, would let
+				// decode's own 300 s timeout end the scene before the
+				// prefill release this test is about.
+				LinkMargin: 20}
 			for _, p := range simplugin.New(sim, true) {
 				p.Live = true
 				cfg.Plugins = append(cfg.Plugins, p)
