@@ -242,9 +242,14 @@ def worker_json(index, queue, now):
     state = state_of(queue)
     chunk = state.chunk if state is not None else None
     recent = state.recent if state is not None else ()
+    # A chunk that names no room cannot be listed (a room is a 64-bit unsigned integer): the worker
+    # then proves nothing, and the whole listing stays readable.
+    tracked = state is not None and (chunk is None or chunk.room >= 0)
+    if not tracked:
+        chunk = None
     return {
         "transfer_queue": index,
-        "tracked": state is not None,
+        "tracked": tracked,
         "depth": depth(queue),
         "chunks_taken": state.taken if state is not None else 0,
         "in_flight": None if chunk is None else {

@@ -174,6 +174,9 @@ class WatchTest(unittest.TestCase):
         harness.wait_until(lambda: transfer_watch.held_chunk(queue) == 1, message="the take")
         chunk = transfer_watch.state_of(queue).chunk
         self.assertEqual((chunk.room, chunk.pages, chunk.last_chunk), (-1, 0, False))
+        # No room to list: the worker proves nothing, and the listing stays one the watchdog decodes.
+        row = transfer_watch.worker_json(0, queue, time.monotonic())
+        self.assertEqual((row["tracked"], row["in_flight"]), (False, None))
 
     def test_worker_waiting_before_the_watch_is_untracked_until_its_next_get(self):
         queue = LateQueue()
