@@ -70,7 +70,7 @@ type reqState struct {
 	acting      bool      // an admin call for this request is under way
 	done        bool      // no further call for this request
 	dryRan      bool      // a dry run answered would_flip; only a real call may follow
-	attempts    int       // calls that ended in error
+	attempts    int       // calls that ended in error or a group_unwatched refusal
 	nextAttempt time.Time // earliest retry after an error
 	skipped     map[string]bool
 	lastSkip    string // reason of the last skip, cleared by a call
