@@ -1,5 +1,9 @@
 """Per-scheduler state: loop counter, inflight rooms, pending orders.
 
+This module is the scheduler thread's side of a Monitor; the HTTP threads'
+side is mixed in from listing.py (the listing JSON) and admin.py (force-fail,
+wedge and restart orders), both reading the Snapshot of snapshot.py.
+
 Threading model: only the scheduler thread (inside the hooked pass) reads
 SGLang objects or changes them. It publishes a Snapshot by swapping one
 attribute; the HTTP threads read that snapshot and the loop counters, and
@@ -23,32 +27,19 @@ append outside the pass.
 import collections
 import logging
 import os
-import signal
 import threading
 import time
-from typing import NamedTuple
 
 from . import capabilities, peers, process_tree, transfer_watch
-from .identity import sglang_version
-from .observe import UNKNOWN, observe, outstanding_chunks, poll_name
-from .orders import (
-    ForceFailOrder,
-    Outcome,
-    apply_order,
-    health_check,
-    internal_error,
-    is_health_check,
-    not_found,
-    room_mismatch,
-    too_many_orders,
-    unresponsive,
-    unsupported,
-)
-from .wedge import WedgeOrders, would_fail
+from .admin import Admin
+from .listing import Listing
+from .observe import UNKNOWN, observe, outstanding_chunks
+from .orders import apply_order, internal_error, is_health_check
+from .snapshot import EMPTY, RequestFacts, Snapshot
+from .wedge import WedgeOrders
 
 logger = logging.getLogger("sglang_watchdog_plugin")
 
-API_VERSION = 1
 ORDER_TIMEOUT_S = 5.0
 MAX_PENDING_ORDERS = 64
 REOBSERVE_INTERVAL_S = 0.1
@@ -59,42 +50,7 @@ _NO_SENDER_YET = "no KV sender of this backend has been seen yet; the levers are
 _ERROR_LOG_INTERVAL_S = 60.0
 
 
-class RequestFacts(NamedTuple):
-    """What does not change while a request sits in the inflight queue."""
-
-    rid: str
-    bootstrap_room: int
-    bootstrap_addr: str
-    prompt_tokens: int
-    entry_perf: float
-    health_check: bool
-    transfer_queue: int | None
-
-
-class Snapshot(NamedTuple):
-    """What the HTTP threads may read.
-
-    ``rooms`` maps id(req) to a room, the plain tuple
-    ``(req, RequestFacts, poll, progress, send_failed, transfer_in_flight)``: plain because the
-    scheduler thread builds one per room on every re-observation. Holding req
-    keeps its id() from being taken by another object while the room is known.
-    The scheduler thread only adds to that dict until it replaces it with a
-    fresh one, so a reader's ``get`` is safe. The HTTP threads never touch the
-    request objects themselves.
-    """
-
-    members: tuple
-    rooms: dict
-    inflight: int
-    bootstrap: int
-    waiting: int
-    orphans: tuple  # (bootstrap_room, transfer_queue, outstanding_chunks) of rooms gone from the queue
-
-
-_EMPTY = Snapshot(members=(), rooms={}, inflight=0, bootstrap=0, waiting=0, orphans=())
-
-
-class Monitor:
+class Monitor(Listing, Admin):
     mode = "prefill"
     where = "inflight"  # how not_found and room_mismatch answers name the queue
     no_lever_yet = _NO_SENDER_YET  # lever_note (listing, load log) until the first sender is seen
@@ -124,7 +80,7 @@ class Monitor:
         self.max_pending_orders = MAX_PENDING_ORDERS
         self.iterations = 0
         self.last_iteration_unix = 0.0
-        self.snapshot = _EMPTY
+        self.snapshot = EMPTY
         self.listener = None
         self._orders = collections.deque()
         # HTTP threads only: makes the length check and the append one step.
@@ -219,6 +175,17 @@ class Monitor:
         if entry is None:
             entry = self._queue_keys[id(manager)] = (manager, capabilities.queue_key(manager))
         return entry[1]
+
+    def _sent_elsewhere(self, room):
+        """(whether another rank of the group still has a share of this room to send, in flight or waiting in
+        its worker queues; the other ranks not watched now), from their files, read now.
+
+        A room done on this rank is not done on the group: SGLang's pass MIN-reduces
+        the polls over the group, so its Success branch waits for every rank.
+        """
+        if self.peers is None:
+            return False, []
+        return self.peers.sending(room)
 
     # -- scheduler thread -------------------------------------------------
 
@@ -399,203 +366,9 @@ class Monitor:
         self._suppressed_errors = 0
         self._next_error_log = now + _ERROR_LOG_INTERVAL_S
 
-    # -- HTTP threads -----------------------------------------------------
-
-    def listing(self):
-        snapshot = self.snapshot
-        now = time.perf_counter()
-        ident = self.identity
-        caps = self.capabilities
-        server = {
-            "pid": os.getpid(),
-            "dp_rank": ident.dp_rank,
-            "pp_rank": ident.pp_rank,
-            "tp_rank": ident.tp_rank,
-            "disaggregation_mode": ident.mode,
-            "transfer_backend": ident.backend,
-            "sglang_version": sglang_version(),
-            "levers": list(caps.levers) if caps is not None else [],
-            "lever_note": caps.note if caps is not None else self.no_lever_yet,
-            "pp_size": ident.pp_size,
-            "transfer_queues": self.transfer_queues,
-        }
-        peer_view = self._peer_view()
-        server.update(self._server_extras(peer_view))
-        body = {
-            "api_version": API_VERSION,
-            "server": server,
-            "now_unix": time.time(),
-            "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
-        }
-        body.update(self._queues_json(snapshot, now, peer_view))
-        return body
-
-    def _peer_view(self):
-        """(ranks of the group watched, this one included; the other ranks' View), read once per listing."""
-        own = 1 if self.transfer_tracking else 0
-        view = peers.View(0, {}, {}, []) if self.peers is None else self.peers.read(queues=self.transfer_queues)
-        return own + view.watched, view
-
-    def _sent_elsewhere(self, room):
-        """(whether another rank of the group still has a share of this room to send, in flight or waiting in
-        its worker queues; the other ranks not watched now), from their files, read now.
-
-        A room done on this rank is not done on the group: SGLang's pass MIN-reduces
-        the polls over the group, so its Success branch waits for every rank.
-        """
-        if self.peers is None:
-            return False, []
-        return self.peers.sending(room)
-
-    def _server_extras(self, peer_view):
-        """The listing's server fields of this mode alone, after the shared ones."""
-        return {"transfer_tracking": self.transfer_tracking, "transfer_progress": self.transfer_progress,
-                "transfer_ranks": self.peers.size if self.peers is not None else 1,
-                "transfer_ranks_watched": peer_view[0]}
-
-    def _queues_json(self, snapshot, now, peer_view):
-        """The listing's queue counts and rows, after the server and loop fields."""
-        workers = self.workers
-        # Counted here, not at each pass: only a listing needs it.
-        queued = transfer_watch.queued_by_room(workers) if workers is not None else None
-        monotonic = time.monotonic()
-        others = peer_view[1]
-        elsewhere = others.in_flight
-        rows = [_room_json(room, now, queued, others) for room in _listed(snapshot)]
-        listed = {row["bootstrap_room"] for row in rows}
-        orphans = {room: (queue, count) for room, queue, count in snapshot.orphans}
-        for room, count in elsewhere.items():
-            # Another rank still sends for a room this one no longer lists: an orphan of the group.
-            if room not in listed:
-                queue, own = orphans.get(room, (None, 0))
-                orphans[room] = (queue, own + count)
-        body = {
-            "queues": {"bootstrap": snapshot.bootstrap, "waiting": snapshot.waiting, "inflight": snapshot.inflight},
-            "inflight": rows,
-            "orphaned_transfers": [
-                {"bootstrap_room": room, "transfer_queue": queue, "outstanding_chunks": count}
-                for room, (queue, count) in orphans.items()
-            ],
-            "transfer_workers": None if workers is None else [
-                transfer_watch.worker_json(index, queue, monotonic) for index, queue in enumerate(workers)],
-            "wedge_orders": self.wedges.listing(workers) if workers is not None else [],
-        }
-        if others.workers:  # round 5, absent without peers: the listing of one rank is as before
-            body["peer_transfer_workers"] = others.workers
-        return body
-
-    def force_fail(self, rid, bootstrap_room, reason, dry_run, prefill_stopped=False):
-        """Answers fast from the latest snapshot where it can, else waits for the scheduler thread."""
-        known = self._known_facts(rid)
-        if known is None:
-            return not_found(rid, self.where)
-        if bootstrap_room is not None and bootstrap_room != known.bootstrap_room:
-            return room_mismatch(rid, known.bootstrap_room, self.where)
-        if known.health_check:
-            return health_check(rid, known.bootstrap_room)
-        caps = self.capabilities
-        if caps is not None and not caps.levers:
-            return unsupported(rid, caps.note)
-        order = ForceFailOrder(rid, bootstrap_room, reason, dry_run, prefill_stopped)
-        with self._enqueue_lock:
-            pending = len(self._orders)
-            if pending >= self.max_pending_orders:
-                return too_many_orders(rid, pending)
-            self._orders.append(order)
-        timeout = self.order_timeout
-        outcome = order.wait(timeout)
-        if outcome is not None:
-            return outcome
-        # Withdrawn: take it out now rather than leave it to the next pass,
-        # which may be far off while the scheduler loop is stuck.
-        try:
-            self._orders.remove(order)
-        except (ValueError, IndexError):
-            pass  # the scheduler thread popped it first (and skips it: it is withdrawn)
-        return unresponsive(rid, timeout)
-
-    def wedge_order(self, transfer_queue, chunk, ttl, min_age, reason, dry_run):
-        """POST /admin/wedge_order, on the HTTP thread: wedge.py holds the orders, the scheduler thread applies them."""
-        workers = self.workers
-        if workers is None:
-            return _no_wedge_orders(f"this SGLang's {self.identity.backend} KV manager has no transfer worker "
-                                    "queues that the plugin watches (transfer_progress is false)")
-        caps = self.capabilities
-        if caps is not None and not caps.levers:
-            return _no_wedge_orders(f"no lever releases a request on this SGLang version and backend: {caps.note}",
-                                    caps.note)
-        if transfer_queue >= len(workers):
-            return Outcome(404, {"result": "not_found", "failed": [],
-                                 "error": f"no transfer queue {transfer_queue}: this KV manager has {len(workers)}"})
-        levers = caps.levers if caps is not None else ()
-        return self.wedges.order(
-            workers, transfer_queue, chunk, ttl, min_age, reason, dry_run,
-            lambda: would_fail(_listed(self.snapshot), transfer_queue, min_age, levers, time.perf_counter()))
-
-    def _known_facts(self, rid):
-        """The facts of the latest observation of this rid (rid, bootstrap_room, health_check), or None."""
-        return next((facts for _, facts, *_ in _listed(self.snapshot) if facts.rid == rid), None)
-
-    def restart_target(self):
-        """SGLang's launcher to signal (process_tree.serving_top), refused if this process was re-parented."""
-        target = self.find_restart_target()
-        if target.ok and len(target.chain) > 1 and target.chain[1] != self.parent_pid:
-            return process_tree.Target(None, None, "", target.chain,
-                                       f"this process's parent changed since load (was pid {self.parent_pid}, now "
-                                       f"pid {target.chain[1]}): SGLang's launcher is gone")
-        return target
-
-    def restart(self, pid, dry_run):
-        """Decides a restart order (the HTTP handler sends the answer, then calls end_process)."""
-        me = os.getpid()
-        if pid != me:
-            return Outcome(409, {"result": "pid_mismatch", "pid": me,
-                                 "error": f"pid {pid} is not this process (pid {me}); it may have restarted already"})
-        target = self.restart_target()
-        if not target.ok:
-            return Outcome(501, {"result": "restart_unsupported", "pid": me, "signal_target": target.json(),
-                                 "error": f"a restart would not end SGLang's server: {target.reason}"})
-        self._restart_target = target
-        if dry_run:
-            return Outcome(200, {"result": "would_restart", "pid": me, "signal_target": target.json()})
-        return Outcome(202, {"result": "restarting", "pid": me, "signal_target": target.json()})
-
-    def end_process(self, reason):
-        """Ends SGLang's server on this node as its own child-failure path does, then this process.
-
-        SIGQUIT to SGLang's launcher (the top of the tree: the HTTP server and
-        tokenizer manager, found by restart_target; under DP the scheduler's
-        parent is the DataParallelController, which has no SIGQUIT handler),
-        whose handler kills the whole process tree; then exit status 1
-        (os._exit: this runs on a listener thread) so that the orchestrator
-        restarts the server.
-        """
-        target = getattr(self, "_restart_target", None)
-        if target is None or not target.ok:
-            target = self.restart_target()
-        logger.error("sglang-watchdog plugin ends SGLang's server on request: %s (%s to pid %s, the top of its "
-                     "process tree, then exit status 1)", reason or "no reason given",
-                     signal.Signals(target.signal).name if target.ok else "no signal", target.pid)
-        try:
-            if target.ok and target.pid != os.getpid():
-                self.kill(target.pid, target.signal)
-        except OSError as e:
-            logger.error("cannot signal process %d: %s", target.pid, e)
-        finally:
-            self.exit(1)
-
     def close(self):
         if self.listener is not None:
             self.listener.close()
-
-
-def _listed(snapshot):
-    """The snapshot's rooms in queue order (only ids of the members are used)."""
-    rooms = snapshot.rooms
-    for req in snapshot.members:
-        room = rooms.get(id(req))
-        if room is not None:
-            yield room
 
 
 def _observed(req, facts):
@@ -621,32 +394,3 @@ def _length(collection):
         return len(collection)
     except TypeError:
         return 0
-
-
-def _no_wedge_orders(error, lever_note=None):
-    body = {"result": "unsupported", "failed": [], "error": f"no wedge order can stand here: {error}"}
-    if lever_note:
-        body["lever_note"] = lever_note
-    return Outcome(501, body)
-
-
-def _room_json(room, now, queued, others):
-    _, facts, poll, progress, send_failed, in_flight = room
-    in_flight = in_flight or others.in_flight.get(facts.bootstrap_room, 0) > 0
-    row = {
-        "rid": facts.rid,
-        "bootstrap_room": facts.bootstrap_room,
-        "bootstrap_addr": facts.bootstrap_addr,
-        "poll": poll_name(poll),
-        "age_seconds": round(max(0.0, now - facts.entry_perf), 3),
-        "prompt_tokens": facts.prompt_tokens,
-        "progress": progress,
-        "send_failed": send_failed,
-        "health_check": facts.health_check,
-        "transfer_in_flight": in_flight,
-        "transfer_queue": facts.transfer_queue,
-        "chunks_queued": None if queued is None else queued.get(facts.bootstrap_room, 0),
-    }
-    if others.watched:  # round 5, absent without peers
-        row["peer_chunks_queued"] = others.queued.get(facts.bootstrap_room, 0)
-    return row
