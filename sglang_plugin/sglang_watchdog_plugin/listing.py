@@ -88,7 +88,7 @@ class Listing:
                 transfer_watch.worker_json(index, queue, monotonic) for index, queue in enumerate(workers)],
             "wedge_orders": self.wedges.listing(workers) if workers is not None else [],
         }
-        if others.workers:  # round 5, absent without peers: the listing of one rank is as before
+        if others.workers:  # attention TP/CP > 1 only: without peers the listing is as before
             body["peer_transfer_workers"] = others.workers
         return body
 
@@ -110,6 +110,6 @@ def _room_json(room, now, queued, others):
         "transfer_queue": facts.transfer_queue,
         "chunks_queued": None if queued is None else queued.get(facts.bootstrap_room, 0),
     }
-    if others.watched:  # round 5, absent without peers
+    if others.watched:  # attention TP/CP > 1 only: absent without peers
         row["peer_chunks_queued"] = others.queued.get(facts.bootstrap_room, 0)
     return row
