@@ -24,7 +24,8 @@ type fakeDecode struct {
 	server     pluginapi.Server
 	iterations uint64
 	reqs       []pluginapi.DecodeRequest
-	// legacy lists no decode_requests at all (a plugin older than round 3).
+	// legacy lists no decode_requests at all (a plugin older than decode
+	// support).
 	legacy bool
 	calls  []pluginapi.ForceFailRequest
 	// startedNow marks transfers that began after the last listing: the

@@ -57,7 +57,7 @@ func (m *multi) eventsOf(kind EventKind) []Event {
 func boolp(b bool) *bool { return &b }
 func intp(i int) *int    { return &i }
 
-// r2room is a room as a round-2 plugin lists it.
+// r2room is a room with transfer_in_flight and transfer_queue.
 func r2room(rid string, roomID uint64, age float64, queue int, inFlight bool) pluginapi.Room {
 	r := room(rid, roomID, age)
 	r.TransferQueue = intp(queue)
@@ -258,7 +258,7 @@ func TestPPStageDownBlocksTheRequest(t *testing.T) {
 	}
 }
 
-// --- Plugin answers of round 2 ----------------------------------------------
+// --- Plugin answers: levers, health checks, transfer_succeeded -------------
 
 func TestRound2AnswersMapToResults(t *testing.T) {
 	for _, tc := range []struct {

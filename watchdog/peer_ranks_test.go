@@ -7,7 +7,7 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// Round 5, attention TP/CP > 1: the leader's share of a room is sent, and
+// Attention TP/CP > 1: the leader's share of a room is sent, and
 // SGLang's MIN poll holds the room while another rank of the group sends
 // its share. That rank's chunk is judged by its own worker and link, never
 // by the stall rule (which would take a slow healthy chunk there for a

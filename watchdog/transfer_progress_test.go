@@ -101,7 +101,8 @@ func (f *fakePlugin) measured(q, n int) {
 	}
 }
 
-// r4room is a room as a round-4 plugin lists it.
+// r4room is a room as a plugin with transfer_progress lists it
+// (chunks_queued).
 func r4room(rid string, roomID uint64, age float64, queue, queued int) pluginapi.Room {
 	r := r2room(rid, roomID, age, queue, false)
 	r.ChunksQueued = intp(queued)
@@ -250,13 +251,13 @@ func TestProgressWedges(t *testing.T) {
 			t.Errorf("%s: wedge %+v, want an actionable %s", tc.name, tw, tc.rule)
 		}
 	}
-	// The round-2 rules act on nothing.
+	// The stall rules act on nothing.
 	if wedgeActionable(&transferWedge{diagnosed: true, rule: wedgeOrphaned, chunk: noChunk}) {
 		t.Error("a wedge diagnosed without transfer_progress is actionable")
 	}
 }
 
-// --- The watchdog with a round-4 plugin -------------------------------------
+// --- The watchdog with a plugin that reports transfer_progress -------------
 
 func TestSlowTransfersNeverForceFailed(t *testing.T) {
 	p := progressRank("http://127.0.0.1:28100", 2)
@@ -300,8 +301,8 @@ func TestSilentPinReleasedAtTheDeadline(t *testing.T) {
 	}
 }
 
-// wedgedQueue is a round-4 rank whose queue 0 worker holds chunk 5 of
-// "head", with "b" and "c" queued behind it, and an idle queue 1.
+// wedgedQueue is a rank with transfer_progress whose queue 0 worker holds
+// chunk 5 of "head", with "b" and "c" queued behind it, and an idle queue 1.
 func wedgedQueue(t *testing.T, mutate func(*Config)) (*multi, *fakePlugin, *fakeMetrics) {
 	t.Helper()
 	p := progressRank("http://127.0.0.1:28100", 2)

@@ -26,16 +26,16 @@ type fakePlugin struct {
 	calls      []pluginapi.ForceFailRequest
 	// freezeLoop stops the loop counter.
 	freezeLoop bool
-	// orphans is the listing's orphaned_transfers (round 2).
+	// orphans is the listing's orphaned_transfers.
 	orphans []pluginapi.OrphanedTransfer
 	// restartAnswer answers POST /admin/restart; nil answers 202.
 	restartAnswer func(pluginapi.RestartRequest) (int, *pluginapi.RestartResponse, error)
 	restarts      []pluginapi.RestartRequest
-	// Round 4: the listing's transfer_workers (server.TransferProgress
+	// workers is the listing's transfer_workers (server.TransferProgress
 	// says whether it reports them), and POST /admin/wedge_order; nil
 	// orderAnswer plays the plugin (fakePlugin.wedgeOrder).
 	workers []pluginapi.TransferWorker
-	// Round 5: peer_transfer_workers, the other ranks' workers.
+	// peers is peer_transfer_workers, the other ranks' workers.
 	peers       []pluginapi.PeerWorkers
 	orderAnswer func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error)
 	orders      []pluginapi.WedgeOrderRequest
