@@ -48,9 +48,8 @@ class _Links:
             req = self.bench.admit(next(_rooms), transports.COMPLETE, chunks=2, link=name)
             rooms[req.rid] = (req.bootstrap_room, name)
             # SGLang's own key of the room's one destination is the destination's name on the prefill side.
-            self.assertEqual(self.bench.destination_keys(req.bootstrap_room),
-                             [self.bench.destinations[name].key], name)
-        queue_of = {name: self.bench.transfer_queue_of(room) for room, name in rooms.values()}
+            self.assertEqual(self.bench.links[req.rid].destinations, [self.bench.destinations[name].key], name)
+        queue_of = {name: self.bench.links[rid].queue for rid, (_, name) in rooms.items()}
         self.assertEqual(queue_of, {"fast": 1, "slow": 3, "shared": 1})
 
         # In flight: the slow destination's chunk, held 0.4 s.

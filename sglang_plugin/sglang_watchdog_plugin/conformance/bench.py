@@ -176,6 +176,8 @@ class Bench:
             raise RuntimeError("no free metadata slot: more requests in flight than the bench's pool holds")
         link = sch.Link(self.rt, self.backend, room, self.prefill_mgr, decode_mgr, slot=slot)
         link.bootstrap()
+        # Read before the KV is sent: SGLang drops a room's transfer_infos once its transfer is done.
+        link.destinations, link.queue = self.destination_keys(room), self.transfer_queue_of(room)
         link.send(chunks)
         req = sch.make_req(self.rt, room, rid=rid, sender=link.sender)
         req.metadata_buffer_index = slot

@@ -314,7 +314,7 @@ class Server:
         if self.mode == "decode":
             return {"rid": req.rid, "bootstrap_room": req.bootstrap_room, "queue": self.bench.queue_of(req.rid)}
         return {"rid": req.rid, "bootstrap_room": req.bootstrap_room,
-                "transfer_queue": self.bench.transfer_queue_of(room), "destinations": self.bench.destination_keys(room)}
+                "transfer_queue": self.bench.links[req.rid].queue, "destinations": self.bench.links[req.rid].destinations}
 
     def destination(self, body):
         if self.mode == "decode" or self.group is not None:
