@@ -1,9 +1,15 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -62,7 +68,9 @@ func (p *paritySide) view(t *testing.T, rids ...string) map[string]parityView {
 // transfer whose progress stands still and which completes untouched; a
 // hung handle and a healthy request queued behind it on the same serial
 // transfer worker; the hung one force-failed and released as an abort,
-// the one behind it still held by the wedged worker afterwards.
+// the one behind it still held by the wedged worker afterwards. In
+// between, two more decode destinations of different speeds compare the
+// per-link fields (parityLinks).
 func TestSimulatorParityWithSGLangsOwnCode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts SGLang's own code")
@@ -81,8 +89,10 @@ func TestSimulatorParityWithSGLangsOwnCode(t *testing.T) {
 			return out
 		}}
 
-	port := 17000
-	sim, _ := startSim(t, sglangsim.Options{Clock: clock.Real{}, DecodePorts: []int{port}})
+	// The default destination (queue 0 on the simulator), and two more on
+	// queues 1 and 3 for the per-link scene.
+	port, portX, portY := 17000, 17001, 17003
+	sim, _ := startSim(t, sglangsim.Options{Clock: clock.Real{}, DecodePorts: []int{port, portX, portY}})
 	plugin := httptest.NewServer(sim.PluginHandler(0))
 	t.Cleanup(plugin.Close)
 	simURL := plugin.URL
@@ -144,6 +154,9 @@ func TestSimulatorParityWithSGLangsOwnCode(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	compare("slow transfer, done", "slow")
 
+	// Two destinations of different speeds: the per-link fields.
+	parityLinks(t, srv, sim, simSide.client, portX, portY)
+
 	// A hung handle, then a healthy request behind it on the same worker.
 	for _, s := range sides {
 		s.admit(t, "hung", 7002, "hang")
@@ -174,4 +187,130 @@ func TestSimulatorParityWithSGLangsOwnCode(t *testing.T) {
 		}
 	}
 	t.Logf("parity scene compared at %s", fmt.Sprint(time.Now().Format(time.RFC3339)))
+}
+
+// linkShape is what a link name of one destination looks like: SGLang
+// v0.5.18's NIXL keys a destination by its decode agent's name, a uuid4
+// (disaggregation/nixl/conn.py); one name, no comma, as every room here
+// goes to one destination.
+var linkShape = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+// linkView is one side's per-link fields in the scene: per worker, the
+// finished chunks of the scene's two destinations as "pages@X" or
+// "pages@Y", oldest first; and the link of the chunk in flight on Y's
+// worker while Y's slow chunk is held.
+type linkView struct {
+	Finished map[int][]string
+	InFlight string
+}
+
+// linkViewOf reads a listing with names (destination name -> label).
+func linkViewOf(t *testing.T, side string, l *pluginapi.Listing, names map[string]string) linkView {
+	t.Helper()
+	v := linkView{Finished: map[int][]string{}}
+	for _, w := range l.TransferWorkers {
+		var last int64 = -1
+		for _, c := range w.Finished {
+			if c.Chunk <= last {
+				t.Errorf("%s: worker %d lists finished chunks out of order: %+v", side, w.TransferQueue, w.Finished)
+			}
+			last = c.Chunk
+			if c.Link != "" && !linkShape.MatchString(c.Link) {
+				t.Errorf("%s: worker %d: link %q is not one NIXL agent name (uuid4)", side, w.TransferQueue, c.Link)
+			}
+			if label, ok := names[c.Link]; ok {
+				v.Finished[w.TransferQueue] = append(v.Finished[w.TransferQueue], fmt.Sprintf("%d@%s", c.Pages, label))
+			}
+		}
+		if f := w.InFlight; f != nil && f.Pages > 0 {
+			if label, ok := names[f.Link]; ok {
+				v.InFlight = label
+			} else {
+				v.InFlight = "unknown " + f.Link
+			}
+		}
+	}
+	return v
+}
+
+// parityLinks plays two destinations on both sides: X fast on queue 1, Y
+// at a quarter of a second a page on queue 3. X takes two requests of two
+// 2-page chunks and one of a 4-page chunk, Y one of a 4-page chunk (1 s).
+// While Y's chunk is held, and once everything finished, the per-link
+// fields must agree in structure: chunk numbers ascending, pages, one
+// uuid4-shaped name per destination, each chunk named by its own.
+func parityLinks(t *testing.T, srv *realCodeServer, sim *sglangsim.Sim, simClient *pluginapi.Client, portX, portY int) {
+	t.Helper()
+	post := func(path string, body map[string]any) []byte {
+		b, _ := json.Marshal(body)
+		resp, err := http.Post(srv.control+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", path, b, resp.StatusCode, out)
+		}
+		return out
+	}
+	realNames, simNames := map[string]string{}, map[string]string{}
+	for label, q := range map[string]int{"X": 1, "Y": 3} {
+		var d struct {
+			Key string `json:"key"`
+		}
+		perPage := map[string]float64{"X": 0.005, "Y": 0.25}[label]
+		if err := json.Unmarshal(post("/scenario/destination", map[string]any{"link": label, "transfer_queue": q, "seconds_per_page": perPage}), &d); err != nil {
+			t.Fatal(err)
+		}
+		realNames[d.Key] = label
+	}
+	simNames[sglangsim.DestinationName(sglangsim.BackendNIXL, portX)] = "X"
+	simNames[sglangsim.DestinationName(sglangsim.BackendNIXL, portY)] = "Y"
+	// The simulator's Y: 250 ms of planned transfer at a quarter of the
+	// speed, 1 s.
+	if err := sim.SetDestinationSpeed(0, -1, portY, 0.25); err != nil {
+		t.Fatal(err)
+	}
+	room := uint64(7100)
+	for _, r := range []struct {
+		link   string
+		chunks int
+	}{{"X", 2}, {"X", 2}, {"X", 1}, {"Y", 1}} {
+		room++
+		rid := fmt.Sprintf("link-%s-%d", r.link, room)
+		post("/scenario/admit", map[string]any{"rid": rid, "room": room, "link": r.link, "chunks": r.chunks})
+		spec := sglangsim.RequestSpec{RID: rid, Room: room, Behavior: sglangsim.BehaviorHealthy, Transfer: 40 * time.Millisecond,
+			Chunks: r.chunks, PromptTokens: 4, DecodePort: portX}
+		if r.link == "Y" {
+			spec.Transfer, spec.DecodePort = 250*time.Millisecond, portY
+		}
+		sim.Submit(spec)
+	}
+	realClient := pluginapi.NewClient(srv.pluginURL, pluginapi.ClientOptions{Timeout: 2 * time.Second})
+	views := func() (linkView, linkView) {
+		rl, err := realClient.Inflight(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		sl, err := simClient.Inflight(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return linkViewOf(t, "SGLang's own code", rl, realNames), linkViewOf(t, "simulator", sl, simNames)
+	}
+	time.Sleep(400 * time.Millisecond)
+	real, simulated := views()
+	if real.InFlight != "Y" || simulated.InFlight != "Y" {
+		t.Errorf("Y's chunk held: in_flight.link is %q on SGLang's own code, %q on the simulator; want Y's name on both", real.InFlight, simulated.InFlight)
+	}
+	time.Sleep(1200 * time.Millisecond)
+	real, simulated = views()
+	want := map[int][]string{1: {"2@X", "2@X", "2@X", "2@X", "4@X"}, 3: {"4@Y"}}
+	for q, seq := range want {
+		if !slices.Equal(real.Finished[q], seq) || !slices.Equal(simulated.Finished[q], seq) {
+			t.Errorf("worker %d's finished chunks of the two destinations: SGLang's own code %v, simulator %v, want %v",
+				q, real.Finished[q], simulated.Finished[q], seq)
+		}
+	}
 }
