@@ -43,8 +43,13 @@ func main() {
 	printEvery := flag.Duration("print", time.Minute, "how often a table row is printed")
 	ranks := flag.Int("ranks", 8, "simulated DP ranks")
 	rate := flag.Float64("rate", 500, "healthy arrivals per second over all ranks")
-	median := flag.Duration("median", time.Second, "median KV transfer time (lognormal, sigma 1)")
-	slow := flag.Float64("slow", 0.002, "fraction of slow-but-progressing requests (30-150 s)")
+	// A load the serial transfer workers keep up with: DP8 has 32 of them,
+	// each taking its queue one transfer at a time. At 500 requests/s a
+	// 1 s median, or 0.2% slow requests (about 90 transfers of 30-150 s at
+	// once), saturates them, every room waits behind live chunks, and no
+	// pin reaches its deadline within a run.
+	median := flag.Duration("median", 20*time.Millisecond, "median KV transfer time (lognormal, sigma 1)")
+	slow := flag.Float64("slow", 0.0001, "fraction of slow-but-progressing requests (30-150 s)")
 	pinEvery := flag.Duration("pin-every", time.Minute, "inject one pin this often (0: none)")
 	seed := flag.Int64("seed", 1, "simulator seed")
 	bin := flag.String("bin", "", "watchdog binary to run (default: build one into a temp dir from -repo, see -build)")
