@@ -296,7 +296,12 @@ func realCodeScene(t *testing.T, src, backend string, room uint64, slowSeconds i
 	wd := startWatchdog(t, "--plugin.url="+srv.pluginURL, "--plugin.token-file="+tok,
 		"--sglang.metrics-url="+srv.control+"/metrics", "--sglang.metrics-interval=1s", "--sglang.timeout=500ms",
 		"--watchdog.deadline=5s", "--watchdog.stall-window=2s", "--force-fail.mode=auto",
-		"--force-fail.confirm-timeout=20s")
+		"--force-fail.confirm-timeout=20s",
+		// One link carries all three: once it showed the slow chunk, the
+		// hung one is overdue at margin x that chunk's time, 800 s at the
+		// shipped 200; 5 keeps the scene inside its wait, and the slow
+		// chunk inside its allowance.
+		"--watchdog.link-margin=5")
 
 	healthy, slow, pinned := fmt.Sprintf("healthy-%d", room), fmt.Sprintf("slow-%d", room+1), fmt.Sprintf("pinned-%d", room+2)
 	srv.admit(t, healthy, room, "complete")
