@@ -139,6 +139,7 @@ class PPPrefillStage(bench_module.Bench):
         self._stop = threading.Event()
         self._thread = None
         self.links = {}
+        self.destinations = {}  # a stage writes to its one decode manager only
         self.after_pass = []
         self.scheduler = self._scheduler()
 
@@ -222,8 +223,11 @@ class PPPrefillStage(bench_module.Bench):
 
     # Requests -------------------------------------------------------------
 
-    def prepare(self, room, behaviour=None, chunks=1, rid=None):
+    def prepare(self, room, behaviour=None, chunks=1, rid=None, link=None):
         from . import transports
+
+        if link is not None:
+            raise ValueError("a PP stage has no decode destinations besides its own decode manager")
 
         transports.fabric.plan(room, behaviour or transports.COMPLETE)
         slot = self.scheduler.req_to_metadata_buffer_idx_allocator.alloc()
