@@ -209,7 +209,19 @@ class _Tp2:
             "both ranks' workers to drain their queues")
         time.sleep(0.3)  # a worker that dequeued the chunk last has had time to post it
         self.assertEqual(transports.fabric.of_room(queued), [], "a rank wrote the released room's KV")
-        self.assertEqual((self.outstanding(0, queued), self.outstanding(1, queued)), (0, 0))
+        for rank in (0, 1):
+            left = self.outstanding(rank, queued)
+            if not left:
+                continue
+            # Upstream main (after v0.5.18) counts a chunk when its worker dequeues it, before the status
+            # check; a released room whose transfer info is gone then raises before anything is posted,
+            # and the worker's except path keeps the count on purpose (nixl/conn.py transfer_worker: "No
+            # ack here on purpose"). SGLang's own bookkeeping: nothing was written (above), and the room's
+            # exception is recorded where SGLang's sender reads it.
+            exceptions = getattr(self.group.prefill_mgrs[rank], "exceptions", None) or {}
+            self.assertIn(queued, exceptions,
+                          f"rank {rank} counts {left} outstanding chunk(s) of the released room with no exception "
+                          "recorded for it")
 
     def test_a_room_done_on_the_leader_and_queued_on_rank_1_is_released(self):
         """Rank 0 sent its share; rank 1's waits in its worker queue behind a hung chunk, so no rank has it in
