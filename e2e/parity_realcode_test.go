@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"slices"
@@ -241,26 +238,13 @@ func linkViewOf(t *testing.T, side string, l *pluginapi.Listing, names map[strin
 // uuid4-shaped name per destination, each chunk named by its own.
 func parityLinks(t *testing.T, srv *realCodeServer, sim *sglangsim.Sim, simClient *pluginapi.Client, portX, portY int) {
 	t.Helper()
-	post := func(path string, body map[string]any) []byte {
-		b, _ := json.Marshal(body)
-		resp, err := http.Post(srv.control+path, "application/json", bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s %s: %d %s", path, b, resp.StatusCode, out)
-		}
-		return out
-	}
 	realNames, simNames := map[string]string{}, map[string]string{}
 	for label, q := range map[string]int{"X": 1, "Y": 3} {
 		var d struct {
 			Key string `json:"key"`
 		}
 		perPage := map[string]float64{"X": 0.005, "Y": 0.25}[label]
-		if err := json.Unmarshal(post("/scenario/destination", map[string]any{"link": label, "transfer_queue": q, "seconds_per_page": perPage}), &d); err != nil {
+		if err := json.Unmarshal(srv.post(t, "/scenario/destination", map[string]any{"link": label, "transfer_queue": q, "seconds_per_page": perPage}), &d); err != nil {
 			t.Fatal(err)
 		}
 		realNames[d.Key] = label
@@ -279,7 +263,7 @@ func parityLinks(t *testing.T, srv *realCodeServer, sim *sglangsim.Sim, simClien
 	}{{"X", 2}, {"X", 2}, {"X", 1}, {"Y", 1}} {
 		room++
 		rid := fmt.Sprintf("link-%s-%d", r.link, room)
-		post("/scenario/admit", map[string]any{"rid": rid, "room": room, "link": r.link, "chunks": r.chunks})
+		srv.post(t, "/scenario/admit", map[string]any{"rid": rid, "room": room, "link": r.link, "chunks": r.chunks})
 		spec := sglangsim.RequestSpec{RID: rid, Room: room, Behavior: sglangsim.BehaviorHealthy, Transfer: 40 * time.Millisecond,
 			Chunks: r.chunks, PromptTokens: 4, DecodePort: portX}
 		if r.link == "Y" {

@@ -134,8 +134,15 @@ func (s *matrixScene) watch(t *testing.T) {
 
 func (s *matrixScene) post(t *testing.T, path string, body map[string]any) []byte {
 	t.Helper()
+	return s.srv.post(t, path, body)
+}
+
+// post sends body to one of the server's control endpoints and returns
+// its answer, failing the test on anything but 200.
+func (s *realCodeServer) post(t *testing.T, path string, body map[string]any) []byte {
+	t.Helper()
 	b, _ := json.Marshal(body)
-	resp, err := http.Post(s.srv.control+path, "application/json", bytes.NewReader(b))
+	resp, err := http.Post(s.control+path, "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
