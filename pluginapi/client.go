@@ -242,6 +242,8 @@ type wireListing struct {
 	WedgeOrders     []WedgeOrderState `json:"wedge_orders"`
 	// On the leader of an attention TP/CP group; nil when absent or null.
 	PeerTransferWorkers []PeerWorkers `json:"peer_transfer_workers"`
+	// Nil when absent or null: the plugin does not know.
+	KVThreads []KVThread `json:"kv_threads"`
 }
 
 var validPoll = map[string]bool{
@@ -333,6 +335,11 @@ func DecodeListing(body []byte) (*Listing, error) {
 			return nil, fmt.Errorf("decode_requests[%d] %w", i, err)
 		}
 	}
+	for i := range w.KVThreads {
+		if err := validateThread(&w.KVThreads[i], w.Server.TransferQueues); err != nil {
+			return nil, fmt.Errorf("kv_threads[%d] %w", i, err)
+		}
+	}
 	return &Listing{
 		APIVersion:          *w.APIVersion,
 		Server:              *w.Server,
@@ -345,7 +352,27 @@ func DecodeListing(body []byte) (*Listing, error) {
 		TransferWorkers:     w.TransferWorkers,
 		WedgeOrders:         w.WedgeOrders,
 		PeerTransferWorkers: w.PeerTransferWorkers,
+		KVThreads:           w.KVThreads,
 	}, nil
+}
+
+var validThreadRole = map[string]bool{
+	ThreadBootstrap: true, ThreadTransferWorker: true, ThreadDecodeListener: true, ThreadHeartbeat: true, ThreadOther: true,
+}
+
+// validateThread checks one entry of kv_threads: its role keys a metric
+// label and its queue keys the rooms a dead worker strands.
+func validateThread(th *KVThread, queues *int) error {
+	switch {
+	case !validThreadRole[th.Role]:
+		return fmt.Errorf("has role %q, want one of bootstrap, transfer_worker, decode_listener, heartbeat, other", th.Role)
+	case len(th.Function) > MaxThreadFunction:
+		return fmt.Errorf("(role %s) has a function of %d bytes, want at most %d", th.Role, len(th.Function), MaxThreadFunction)
+	}
+	if err := validateQueue(th.TransferQueue, queues); err != nil {
+		return fmt.Errorf("(role %s) has %w", th.Role, err)
+	}
+	return nil
 }
 
 // validateWorker checks one entry of transfer_workers: the

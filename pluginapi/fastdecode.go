@@ -253,7 +253,7 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 		// leave such bodies to it.
 		switch string(key) {
 		case "server", "loop", "inflight", "orphaned_transfers", "decode_requests", "transfer_workers", "wedge_orders",
-			"peer_transfer_workers":
+			"peer_transfer_workers", "kv_threads":
 			if !d.once(string(key)) {
 				return false
 			}
@@ -314,6 +314,8 @@ func (d *fastDecoder) top(w *wireListing) func([]byte) bool {
 			w.WedgeOrders, ok = d.wedgeOrders()
 		case "peer_transfer_workers":
 			w.PeerTransferWorkers, ok = d.peerWorkers()
+		case "kv_threads":
+			w.KVThreads, ok = d.kvThreads()
 		}
 		return ok
 	}
@@ -723,6 +725,32 @@ func (d *fastDecoder) wedgeOrders() ([]WedgeOrderState, bool) {
 				o.ExpiresInSeconds, ok = d.float64v()
 			case "rooms_failed":
 				o.RoomsFailed, ok = d.intv()
+			}
+			return ok
+		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
+func (d *fastDecoder) kvThreads() ([]KVThread, bool) {
+	out := []KVThread{}
+	isNull, ok := d.array(func() bool {
+		out = append(out, KVThread{})
+		th := &out[len(out)-1]
+		return d.object(func(k []byte) bool {
+			var ok bool
+			switch string(k) {
+			case "role":
+				th.Role, ok = d.str()
+			case "function":
+				th.Function, ok = d.str()
+			case "transfer_queue":
+				th.TransferQueue, ok = d.intPtr()
+			case "alive":
+				th.Alive, ok = d.boolv()
 			}
 			return ok
 		})

@@ -37,6 +37,11 @@ func FuzzDecodeWireFast(f *testing.F) {
 	f.Add([]byte(round5Listing))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[{"rid":"a","poll":"Success","peer_chunks_queued":null}],"peer_transfer_workers":[{"rank":"tp1-cp0","transfer_workers":null},{"transfer_workers":[]}]}`))
 	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"peer_transfer_workers":[{"rank":"a","transfer_workers":[{"queued_rooms":null},{"queued_rooms":[]},{"queued_rooms":[1,18446744073709551615],"queued_rooms":[2]}]}]}`))
+	// KV manager threads (issue 24): null, empty, odd and repeated forms.
+	f.Add([]byte(kvThreadsListing))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"kv_threads":null}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"kv_threads":[{"role":"heartbeat","function":"heartbeat_checker","alive":true,"alive":false},{"transfer_queue":null},{"transfer_queue":3,"transfer_queue":null}]}`))
+	f.Add([]byte(`{"api_version":1,"server":{},"loop":{},"inflight":[],"kv_threads":[],"kv_threads":[{"role":"other"}]}`))
 	files, _ := filepath.Glob(filepath.Join("testdata", "*.json"))
 	for _, p := range files {
 		if b, err := os.ReadFile(p); err == nil {

@@ -20,6 +20,8 @@ func FuzzDecodeListing(f *testing.F) {
 	f.Add([]byte(`{"api_version":1,"server":{"disaggregation_mode":"decode"},"loop":{},"inflight":[],"decode_requests":[{"rid":"a","queue":"transfer","poll":"Transferring","age_seconds":1,"progress":-1,"chunks_expected":0,"transfer_started":null}]}`))
 	f.Add([]byte(round4Listing))
 	f.Add([]byte(round5Listing))
+	f.Add([]byte(kvThreadsListing))
+	f.Add([]byte(`{"api_version":1,"server":{"transfer_queues":1},"loop":{},"inflight":[],"kv_threads":[{"role":"transfer_worker","function":"transfer_worker","transfer_queue":0,"alive":false},{"role":"decode_listener","alive":true}]}`))
 	f.Add([]byte(`{"api_version":2}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -73,6 +75,11 @@ func FuzzDecodeListing(f *testing.F) {
 		for i, p := range l.PeerTransferWorkers {
 			for j, tw := range p.TransferWorkers {
 				checkWorker(fmt.Sprintf("%d of peer %d (%s)", j, i, p.Rank), tw)
+			}
+		}
+		for i, th := range l.KVThreads {
+			if !validThreadRole[th.Role] || len(th.Function) > MaxThreadFunction || !inRange(th.TransferQueue) {
+				t.Fatalf("accepted invalid kv thread %d: %+v", i, th)
 			}
 		}
 		if s := l.Server; s.PPSize < 0 || (s.PPSize > 0 && s.PPRank >= s.PPSize) || (s.TransferQueues != nil && *s.TransferQueues < 1) {

@@ -127,6 +127,47 @@ type Listing struct {
 	// group, the transfer workers of each other rank it watches;
 	// nil where the plugin reports none.
 	PeerTransferWorkers []PeerWorkers `json:"peer_transfer_workers,omitempty"`
+	// KVThreads lists the threads of the rank's KV manager and whether
+	// each is alive; nil where the plugin does not know (an older plugin,
+	// or no KV manager found), which never means dead.
+	KVThreads []KVThread `json:"kv_threads,omitempty"`
+}
+
+// Roles of a KV manager thread (KVThread.Role).
+const (
+	// ThreadBootstrap is prefill's bootstrap thread, which reads decode's
+	// frames; dead, every later request waits in the bootstrap queue for
+	// ever.
+	ThreadBootstrap = "bootstrap"
+	// ThreadTransferWorker serves one transfer queue; dead, its queue is
+	// never drained again.
+	ThreadTransferWorker = "transfer_worker"
+	// ThreadDecodeListener is decode's thread that reads prefill's frames.
+	ThreadDecodeListener = "decode_listener"
+	// ThreadHeartbeat is decode's heartbeat checker of its prefill peers.
+	ThreadHeartbeat = "heartbeat"
+	// ThreadOther is any other thread the plugin found on the manager.
+	ThreadOther = "other"
+)
+
+// ThreadRoles lists every KV thread role.
+var ThreadRoles = []string{ThreadBootstrap, ThreadTransferWorker, ThreadDecodeListener, ThreadHeartbeat, ThreadOther}
+
+// MaxThreadFunction bounds KVThread.Function, SGLang's thread target name.
+const MaxThreadFunction = 128
+
+// KVThread is one thread of the rank's KV manager, listed from the
+// plugin's first hooked pass on, so that a death later shows as
+// Alive false.
+type KVThread struct {
+	Role string `json:"role"`
+	// Function is the thread's target function in SGLang (free text).
+	Function string `json:"function"`
+	// TransferQueue is the queue a transfer_worker serves (the index of
+	// transfer_workers); nil where unknown, and meaningless on other
+	// roles.
+	TransferQueue *int `json:"transfer_queue,omitempty"`
+	Alive         bool `json:"alive"`
 }
 
 // PeerWorkers is one other rank of the leader's attention TP/CP group and
