@@ -29,6 +29,7 @@ type Exporter struct {
 	webhook                                                       *prometheus.Desc
 	transferWedged, transferWedges, restarts, rankTargets         *prometheus.Desc
 	unactionable, verdictLookups, ledgerRooms, wedgeOrders        *prometheus.Desc
+	kvThreadsDead                                                 *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -50,7 +51,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		inflightRequests: desc("inflight_requests", "Requests waiting on a KV cache transfer by the plugin's last observed KVPoll state: the prefill inflight queue (role prefill), the decode prealloc and transfer queues (role decode).", append(rank, "poll")...),
 		oldestAge:        desc("inflight_oldest_age_seconds", "Age of the oldest request waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues); 0 when there is none.", rank...),
 		ageHist:          desc("inflight_age_seconds", "Time requests spent waiting on a KV cache transfer (prefill inflight queue, or decode prealloc and transfer queues), observed when each one left the plugin listing.", rank...),
-		stuck: desc("stuck_requests", "Requests judged stuck: older than their role's deadline and, on a prefill rank with transfer_progress, holding a chunk in flight far past what its size needs at the link's measured speed, or with nothing in flight nor queued and no change for the stall window; elsewhere with no change of poll state and progress (and, on decode, queue) for the stall window while the scheduler loop kept running.",
+		stuck: desc("stuck_requests", "Requests judged stuck: older than their role's deadline and, on a prefill rank with transfer_progress, holding a chunk in flight far past what its size needs at the link's measured speed, or with nothing in flight nor queued (or queued on a transfer worker that died) and no change for the stall window; elsewhere with no change of poll state and progress (and, on decode, queue) for the stall window while the scheduler loop kept running.",
 			rank...),
 		gaugePinned: desc("queue_pinned", "1 if this SGLang queue gauge has been non-zero and unchanged for the pin window while no SGLang progress counter moved.",
 			"queue", "dp_rank", "pp_rank", "tp_rank"),
@@ -69,8 +70,10 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		webhook:   desc("alert_webhook_requests_total", "Alertmanager webhook deliveries by result (accepted, ignored, bad_request, disabled).", "result"),
 		transferWedged: desc("transfer_wedged", "1 while a KV transfer worker queue of this rank is wedged: a transfer that never completes blocks every room queued behind it (diagnosed from a chunk held far past what its size needs at the link's measured speed, or, with a plugin without transfer_progress, from its round-2 transfer fields or suspected from two or more stuck Transferring rooms; those are alerted on, never acted on). Only a restart clears it.",
 			rank...),
+		kvThreadsDead: desc("kv_threads_dead", "Threads of this rank's SGLang KV manager that have died, by thread role: bootstrap (prefill: every later request waits in the bootstrap queue), transfer_worker (prefill: its transfer queue is never drained again), decode_listener (decode: requests never learn their KV arrived), heartbeat (decode: a dead prefill peer goes unnoticed), other. SGLang never restarts them; only a restart of the server does. No series while the plugin does not report its threads.",
+			append(rank, "thread")...),
 		transferWedges: desc("transfer_wedges_total", "Transfer queue wedges diagnosed or suspected on this rank.", rank...),
-		restarts: desc("restarts_total", "Restart escalations of a diagnosed transfer wedge by result (restarted, would_restart, disabled, unsupported, rejected, too_soon, error).",
+		restarts: desc("restarts_total", "Restart escalations of a diagnosed transfer wedge or of a dead KV manager thread, by result (restarted, would_restart, disabled, unsupported, rejected, too_soon, error).",
 			"result"),
 		rankTargets: desc("rank_targets", "Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.",
 			rank...),
@@ -91,6 +94,7 @@ func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
 		e.ageHist, e.stuck, e.gaugePinned, e.gaugeUnchanged, e.sinceProgress, e.loopStall, e.wedged,
 		e.forceFails, e.skips, e.mode, e.tracked, e.limitHits, e.lastCycle, e.webhook,
 		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable, e.verdictLookups, e.ledgerRooms, e.wedgeOrders,
+		e.kvThreadsDead,
 	} {
 		ch <- d
 	}
@@ -143,6 +147,11 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 		gauge(e.rankTargets, float64(targets[i]), dp, pp, role)
 		for _, reason := range watchdog.UnactionableReasons {
 			gauge(e.unactionable, float64(r.Unactionable[reason]), dp, pp, role, reason)
+		}
+		if r.DeadThreads != nil {
+			for _, th := range pluginapi.ThreadRoles {
+				gauge(e.kvThreadsDead, float64(r.DeadThreads[th]), dp, pp, role, th)
+			}
 		}
 		cum := make(map[float64]uint64, len(buckets))
 		for i, b := range buckets {
@@ -212,6 +221,7 @@ func mergeRanks(in []watchdog.RankSnapshot) ([]watchdog.RankSnapshot, []int) {
 			at[k] = len(out)
 			r.ByPoll = maps.Clone(r.ByPoll)
 			r.Unactionable = maps.Clone(r.Unactionable)
+			r.DeadThreads = maps.Clone(r.DeadThreads)
 			r.AgeBuckets = slices.Clone(r.AgeBuckets)
 			out = append(out, r)
 			targets = append(targets, 1)
@@ -229,6 +239,12 @@ func mergeRanks(in []watchdog.RankSnapshot) ([]watchdog.RankSnapshot, []int) {
 		}
 		for reason, n := range r.Unactionable {
 			m.Unactionable[reason] += n
+		}
+		if r.DeadThreads != nil && m.DeadThreads == nil {
+			m.DeadThreads = map[string]int{}
+		}
+		for th, n := range r.DeadThreads {
+			m.DeadThreads[th] += n
 		}
 		m.OldestAge = max(m.OldestAge, r.OldestAge)
 		m.Stuck += r.Stuck

@@ -64,6 +64,8 @@ func goldenSnapshot() watchdog.Snapshot {
 			Queues: pluginapi.Queues{Bootstrap: 2, Waiting: 0, Inflight: 3},
 			ByPoll: byPoll, OldestAge: 812.5, Stuck: 1, LoopStall: 250 * time.Millisecond,
 			AgeBuckets: []uint64{1, 4, 9, 15, 18, 19, 19, 19, 19, 20, 20}, AgeCount: 21, AgeSum: 4000,
+			DeadThreads: map[string]int{pluginapi.ThreadBootstrap: 0, pluginapi.ThreadTransferWorker: 1, pluginapi.ThreadDecodeListener: 0,
+				pluginapi.ThreadHeartbeat: 0, pluginapi.ThreadOther: 0},
 		}, {
 			Target: "http://127.0.0.1:30200", Role: watchdog.RoleDecode,
 			Unactionable: map[string]int{watchdog.SkipSourceDown: 0, watchdog.SkipUnsupported: 0, watchdog.SkipTransferLive: 1},
@@ -143,7 +145,7 @@ func TestExporterNeverHidesACollidingRank(t *testing.T) {
 	snap.Ranks = append(snap.Ranks, second)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewExporter(func() watchdog.Snapshot { return snap }))
-	want := `# HELP sglang_watchdog_stuck_requests Requests judged stuck: older than their role's deadline and, on a prefill rank with transfer_progress, holding a chunk in flight far past what its size needs at the link's measured speed, or with nothing in flight nor queued and no change for the stall window; elsewhere with no change of poll state and progress (and, on decode, queue) for the stall window while the scheduler loop kept running.
+	want := `# HELP sglang_watchdog_stuck_requests Requests judged stuck: older than their role's deadline and, on a prefill rank with transfer_progress, holding a chunk in flight far past what its size needs at the link's measured speed, or with nothing in flight nor queued (or queued on a transfer worker that died) and no change for the stall window; elsewhere with no change of poll state and progress (and, on decode, queue) for the stall window while the scheduler loop kept running.
 # TYPE sglang_watchdog_stuck_requests gauge
 sglang_watchdog_stuck_requests{dp_rank="0",pp_rank="0",role="prefill"} 2
 # HELP sglang_watchdog_rank_targets Plugin URLs whose last listing reported this dp_rank and pp_rank. Above 1 is a collision (a misconfigured --plugin.url or port mapping); the series of this rank then sum or take the worst of those targets.

@@ -880,6 +880,7 @@ var pluginMetrics = map[string]bool{
 	"sglang_watchdog_transfer_wedges_total":        true,
 	"sglang_watchdog_rank_targets":                 true,
 	"sglang_watchdog_stuck_unactionable_requests":  true,
+	"sglang_watchdog_kv_threads_dead":              true,
 }
 
 func TestNeedsTags(t *testing.T) {

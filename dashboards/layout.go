@@ -350,8 +350,16 @@ func layout() []rowSpec {
 				}},
 			},
 			{
+				kind: kindTimeseries, title: "Dead KV manager threads", width: 8, height: 8, alertAt: 1, unit: "short",
+				description: "Threads of SGLang's KV manager that died, by thread role (from the plugin's kv_threads): bootstrap (every later request waits in the bootstrap queue), transfer_worker (its transfer queue is never drained again; its queued rooms are force-failed past the deadline), decode_listener (decode requests never learn their KV arrived), heartbeat (a dead prefill peer goes unnoticed), other. SGLang never restarts them; only a restart of the server does (restart escalation does it when enabled). No line where the plugin does not report its threads.",
+				targets: []target{{
+					expr:   "max by (instance, role, dp_rank, pp_rank, thread) (" + wdRank("sglang_watchdog_kv_threads_dead") + ")",
+					legend: "{{instance}} {{role}} dp{{dp_rank}} pp{{pp_rank}} {{thread}}", needs: NeedsPlugin,
+				}},
+			},
+			{
 				kind: kindTimeseries, title: "Restart escalations", width: 8, height: 8, stacked: true, unit: "short",
-				description: "Restart escalations of a diagnosed wedge per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, too_soon (the plugin's own minimum interval), error (the wedge was left in place).",
+				description: "Restart escalations of a diagnosed wedge or of a KV manager thread dead for the stall window, per interval (--restart.mode): restarted (the plugin ended the scheduler), would_restart (dry run), disabled, unsupported, rejected, too_soon (the plugin's own minimum interval), error (the wedge was left in place).",
 				targets: []target{{
 					expr:   "sum by (result) (" + increase(wd("sglang_watchdog_restarts_total")) + ")",
 					legend: "{{result}}",

@@ -48,7 +48,9 @@ func stalled(r *roomState, rk *rankState, now time.Time, cfg *Config, deadline t
 //   - its chunk is in the worker's hands: stuck once that chunk is overdue
 //     for its size at the link's measured speed (chunkOverdue);
 //   - its chunks wait in the queue: not stuck by itself, it waits behind
-//     its worker (a wedge of that worker is handled by a wedge order);
+//     its worker (a wedge of that worker is handled by a wedge order),
+//     unless kv_threads shows that worker dead: its chunks will never be
+//     posted, so with nothing of it in flight it gets the stall rule;
 //   - with attention TP/CP, the same on the other ranks of the group,
 //     whose shares SGLang's MIN poll waits for: a chunk another rank holds
 //     is judged by that rank's worker and link, a chunk queued there waits
@@ -71,6 +73,14 @@ func progressRoomStuck(room uint64, r *roomState, rk *rankState, now time.Time, 
 		return false
 	case own && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room:
 		return chunkOverdue(ws, now, cfg)
+	case r.chunksQueued > 0 && rk.deadWorker(r.queue):
+		// Its worker is dead: its chunks are never posted, and no
+		// handle of it is outstanding to wait for. Stuck past the
+		// deadline like any room that does not move, but only with
+		// nothing of it in flight on any rank, and never once its share
+		// here was sent (Success: another rank holds it).
+		return r.inFlightKnown && !r.inFlight && r.peerChunks == "" && r.poll != pluginapi.PollSuccess &&
+			stalled(r, rk, now, cfg, cfg.Deadline)
 	case own && r.chunksQueued > 0:
 		return false
 	case r.peerChunksQueued > 0 || r.peerChunks != "":

@@ -39,6 +39,7 @@ func (w *Watchdog) evaluateRank(rk *rankState, now time.Time) []Event {
 		level.Info(w.logger).Log("msg", "scheduler loop moving again", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel)
 	}
 	rk.wedged = wedged
+	events = append(events, w.evaluateThreads(rk)...)
 	events = append(events, w.evaluateTransfers(rk, now)...)
 
 	rk.stuckCount = 0
@@ -80,6 +81,9 @@ func stuckReason(room uint64, r *roomState, rk *rankState, now time.Time, cfg *C
 	if ws := rk.workers[r.queue]; rk.reportsTransferProgress && r.dqueue == "" && ws != nil && ws.tracked && ws.inFlight != nil && ws.inFlight.BootstrapRoom == room {
 		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d, past its allowance of %s at the pace of its link %q", ws.inFlight.Chunk, ws.inFlight.Pages,
 			ws.inFlight.Seconds, r.queue, chunkAllowance(ws.inFlight.Pages, ws.speed, ws.speedKnown, cfg).Round(time.Second), ws.link)
+	}
+	if rk.reportsTransferProgress && r.dqueue == "" && rk.deadWorker(r.queue) && r.chunksQueued > 0 {
+		return fmt.Sprintf("its transfer worker %d is dead: its %d chunk(s) queued there will never be sent, and none is in flight", r.queue, r.chunksQueued)
 	}
 	if rank, q, ws := overduePeerChunk(room, rk, now, cfg); ws != nil && rk.reportsTransferProgress && r.dqueue == "" {
 		return fmt.Sprintf("its chunk %d (%d pages) held %.1fs by transfer worker %d of rank %s, past its allowance of %s at the pace of that rank's link %q",

@@ -56,6 +56,8 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		clear(rk.links)
 		clear(rk.peerLinks)
 		clear(rk.orders)
+		clear(rk.deadSince)
+		clear(rk.deadLogged)
 	}
 	rk.server = l.Server
 	rk.role = RoleOf(l)
@@ -90,6 +92,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 
 	rk.reportsTransferProgress = rk.role == RolePrefill && l.Server.TransferProgress != nil && *l.Server.TransferProgress
 	observeWorkers(rk, l.TransferWorkers, l.PeerTransferWorkers, now, w.cfg.LinkIdle)
+	observeThreads(rk, l.KVThreads, now)
 
 	rk.cycle++
 	limitHit := false

@@ -28,6 +28,11 @@ import (
 // shows, at most once per RestartMinInterval for the pod and never twice
 // for the same process. A wedge diagnosed without transfer_progress is
 // never escalated: those rules take a slow healthy chunk for a wedge.
+//
+// A KV manager thread that died (threads.go) is escalated the same way,
+// under the same mode, interval and once-per-process rules: one of a role
+// that serves requests, seen dead for the stall window and still dead on
+// re-read. Nothing in the process starts it again.
 
 // procKey names one scheduler process: a restart that reuses the pid is
 // still a new process (rankState.gen).
@@ -37,7 +42,8 @@ type procKey struct {
 	gen    uint64
 }
 
-// escalation is a rank whose diagnosed wedge may be escalated.
+// escalation is a rank whose diagnosed wedge, or dead KV thread, may be
+// escalated.
 type escalation struct {
 	rank       *rankState
 	proc       procKey
@@ -45,6 +51,39 @@ type escalation struct {
 	queue      int
 	wedge      transferWedge
 	mode       Mode
+	// thread is set for a dead KV thread (wedge is then zero), dead
+	// since deadSince as this watchdog saw it.
+	thread    *threadKey
+	deadSince time.Time
+}
+
+// Reason of a restart event for a dead KV thread (for a wedge it is the
+// wedge's rule).
+const ruleThreadDead = "kv_thread_dead"
+
+// evidence tells whether a re-read listing still shows what the
+// escalation was decided on.
+func (e *escalation) evidence(l *pluginapi.Listing) bool {
+	if e.thread != nil {
+		return threadDeadEvidence(l, *e.thread)
+	}
+	return wedgeEvidence(l, e.queue, e.wedge.chunk)
+}
+
+// fields are the escalation's log fields, what it was decided on.
+func (e *escalation) fields() []interface{} {
+	if e.thread != nil {
+		return []interface{}{"thread", e.thread.role, "function", e.thread.function, "transfer_queue", e.thread.queue, "rule", ruleThreadDead}
+	}
+	return []interface{}{"transfer_queue", e.queue, "chunk", e.wedge.chunk, "rule", e.wedge.rule, "room", e.wedge.room}
+}
+
+// reason is what the plugin records with the restart.
+func (e *escalation) reason(now time.Time) string {
+	if e.thread != nil {
+		return fmt.Sprintf("sglang-watchdog: KV manager thread %s dead for %s", e.thread, now.Sub(e.deadSince).Round(time.Second))
+	}
+	return fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, chunk %d of room %d) for %s", e.queue, e.wedge.rule, e.wedge.chunk, e.wedge.room, now.Sub(e.wedge.since).Round(time.Second))
 }
 
 // restartCandidate picks the rank to restart this cycle, if any. Caller
@@ -57,12 +96,19 @@ func (w *Watchdog) restartCandidate() *escalation {
 	if mode == ModeAuto && !w.lastRestart.IsZero() && w.clock.Now().Sub(w.lastRestart) < w.cfg.RestartMinInterval {
 		return nil
 	}
+	now := w.clock.Now()
 	for _, rk := range w.ranks {
-		if !rk.status.up || rk.wedged || !rk.loopAdvancing {
+		if !rk.status.up {
 			continue
 		}
 		proc := procKey{target: rk.status.target, pid: rk.server.PID, gen: rk.gen}
 		if w.restarted[proc] {
+			continue
+		}
+		if k, since, ok := deadThreadEscalates(rk, now, &w.cfg); ok {
+			return &escalation{rank: rk, proc: proc, iterations: rk.iterations, queue: k.queue, mode: mode, thread: &k, deadSince: since}
+		}
+		if rk.wedged || !rk.loopAdvancing {
 			continue
 		}
 		queues := make([]int, 0, len(rk.wedges))
@@ -91,13 +137,13 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		level.Warn(w.logger).Log("msg", "restart not requested: re-reading the listing failed", "target", rk.status.target, "err", err)
 		return nil
 	}
-	if l.Server.PID != e.proc.pid || l.Loop.Iterations < e.iterations || !wedgeEvidence(l, e.queue, e.wedge.chunk) {
-		level.Info(w.logger).Log("msg", "restart not requested: the wedge's evidence is gone on re-read", "target", rk.status.target,
-			"pid", l.Server.PID, "transfer_queue", e.queue, "chunk", e.wedge.chunk, "room", e.wedge.room)
+	if l.Server.PID != e.proc.pid || l.Loop.Iterations < e.iterations || !e.evidence(l) {
+		level.Info(w.logger).Log(append([]interface{}{"msg", "restart not requested: the evidence is gone on re-read", "target", rk.status.target,
+			"pid", l.Server.PID}, e.fields()...)...)
 		return nil
 	}
 	dry := e.mode == ModeDryRun
-	reason := fmt.Sprintf("sglang-watchdog: transfer queue %d wedged (%s, chunk %d of room %d) for %s", e.queue, e.wedge.rule, e.wedge.chunk, e.wedge.room, w.clock.Now().Sub(e.wedge.since).Round(time.Second))
+	reason := e.reason(w.clock.Now())
 	var (
 		status int
 		resp   *pluginapi.RestartResponse
@@ -124,9 +170,9 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 		w.lastRestart = w.clock.Now()
 	}
 	w.restarts[result]++
-	fields := []interface{}{"msg", "restart escalation", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
-		"pid", e.proc.pid, "transfer_queue", e.queue, "chunk", e.wedge.chunk, "rule", e.wedge.rule, "room", e.wedge.room, "mode", e.mode,
-		"http_status", status, "result", result, "reason", reason}
+	fields := append([]interface{}{"msg", "restart escalation", "target", rk.status.target, "dp_rank", rk.dpLabel, "pp_rank", rk.ppLabel,
+		"pid", e.proc.pid}, e.fields()...)
+	fields = append(fields, "mode", e.mode, "http_status", status, "result", result, "reason", reason)
 	if resp != nil && resp.Error != "" {
 		fields = append(fields, "plugin_error", resp.Error)
 	}
@@ -144,8 +190,12 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 	default:
 		level.Error(w.logger).Log(fields...)
 	}
+	rule := e.wedge.rule
+	if e.thread != nil {
+		rule = ruleThreadDead
+	}
 	return []Event{{Kind: EventRestart, Target: rk.status.target, DPRank: rk.dpLabel, PPRank: rk.ppLabel, Room: e.wedge.room,
-		Queue: e.queue, Result: result, Reason: e.wedge.rule}}
+		Queue: e.queue, Result: result, Reason: rule}}
 }
 
 // wedgeEvidence tells whether a listing still shows the wedged chunk in

@@ -75,6 +75,10 @@ type RankSnapshot struct {
 	// Unactionable counts stuck requests by the skip reason that keeps
 	// them stuck (every UnactionableReasons value present).
 	Unactionable map[string]int
+	// DeadThreads counts the rank's KV manager threads listed dead, by
+	// role (every pluginapi.ThreadRoles value present); nil when its
+	// plugin does not report kv_threads.
+	DeadThreads map[string]int
 }
 
 // GaugeSnapshot is one SGLang queue gauge.
@@ -162,6 +166,7 @@ func (w *Watchdog) Snapshot() Snapshot {
 			Queues: rk.queues, ByPoll: map[string]int{}, OldestAge: rk.oldest, Stuck: rk.stuckCount,
 			LoopStall: now.Sub(rk.loopAdvancedAt), Wedged: rk.wedged,
 			AgeBuckets: make([]uint64, len(ageBuckets)), AgeCount: rk.hist.count, AgeSum: rk.hist.sum,
+			DeadThreads: rk.deadThreads(),
 		}
 		for _, p := range pluginapi.PollStates {
 			rs.ByPoll[p] = rk.byPoll[p]

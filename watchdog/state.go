@@ -234,6 +234,12 @@ type rankState struct {
 	// audit line and ledger entry need what was known of it.
 	departed    map[roomKey]*roomState
 	leverWarned bool // "no lever works here" was said for this process
+	// threadsKnown: the last listing reported kv_threads. deadSince holds
+	// each thread it showed dead, with when this watchdog first saw it
+	// dead; deadLogged the ones whose death was logged (threads.go).
+	threadsKnown bool
+	deadSince    map[threadKey]time.Time
+	deadLogged   map[threadKey]bool
 
 	// Verdicts of the last successful cycle; kept while the source is down,
 	// so that a failing source never reads as "nothing stuck".

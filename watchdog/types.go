@@ -194,8 +194,11 @@ const (
 	EventTransferWedged EventKind = "transfer_wedged"
 	// EventWedgeOrder: a wedge order was placed, renewed, dry-run or
 	// refused; Result says which (OrderResults).
-	EventWedgeOrder    EventKind = "wedge_order"
-	EventRestart       EventKind = "restart"
+	EventWedgeOrder EventKind = "wedge_order"
+	EventRestart    EventKind = "restart"
+	// EventKVThreadDead: a thread of a rank's KV manager was first seen
+	// dead; Reason is its role, Queue its transfer queue (-1 when none).
+	EventKVThreadDead  EventKind = "kv_thread_dead"
 	EventRankCollision EventKind = "rank_collision"
 )
 

@@ -254,6 +254,8 @@ func New(cfg Config) (*Watchdog, error) {
 			peerBehind:  map[uint64][]*workerState{},
 			orders:      map[int]*wedgeOrder{},
 			departed:    map[roomKey]*roomState{},
+			deadSince:   map[threadKey]time.Time{},
+			deadLogged:  map[threadKey]bool{},
 		})
 	}
 	if cfg.Metrics != nil {

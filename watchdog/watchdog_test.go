@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +40,8 @@ type fakePlugin struct {
 	peers       []pluginapi.PeerWorkers
 	orderAnswer func(pluginapi.WedgeOrderRequest) (int, *pluginapi.WedgeOrderResponse, error)
 	orders      []pluginapi.WedgeOrderRequest
+	// threads is the listing's kv_threads; nil: not reported.
+	threads []pluginapi.KVThread
 	readHook
 }
 
@@ -91,7 +94,7 @@ func (f *fakePlugin) Inflight(context.Context) (*pluginapi.Listing, error) {
 	return &pluginapi.Listing{APIVersion: 1, Server: f.server, Loop: pluginapi.Loop{Iterations: f.iterations},
 		Queues: pluginapi.Queues{Inflight: len(f.rooms)}, Inflight: append([]pluginapi.Room(nil), f.rooms...),
 		OrphanedTransfers: append([]pluginapi.OrphanedTransfer(nil), f.orphans...), TransferWorkers: copyWorkers(f.workers),
-		PeerTransferWorkers: peers}, nil
+		PeerTransferWorkers: peers, KVThreads: slices.Clone(f.threads)}, nil
 }
 
 // copyWorkers copies workers and the chunks they hold, as a listing is a
