@@ -126,6 +126,49 @@ local windows = import '../lib/windows.libsonnet';
           },
         },
         {
+          alert: 'SGLangWatchdogKVThreadDead',
+          // A dead thread that serves requests stops the rank: a dead
+          // bootstrap thread leaves every later request in the bootstrap
+          // queue, a dead transfer worker never drains its queue, a dead
+          // decode_thread (Mooncake) never tells a decode request its KV
+          // arrived. SGLang never restarts them. `for` rides out a restart
+          // escalation (--restart.mode), which acts after the stall window.
+          expr: sel('sglang_watchdog_kv_threads_dead', ['thread=~"bootstrap|transfer_worker|decode_listener"']) + ' > 0',
+          'for': '1m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'A thread of an SGLang KV manager that serves requests has died; the rank stops serving.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} {{ $labels.thread }} thread(s) of the KV manager of
+              {{ $labels.role }} dp_rank {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }} on
+              {{ $labels.instance }} have died. SGLang does not notice nor restart them: the
+              requests that need them hang (a dead transfer worker's queued requests are
+              force-failed past the deadline in auto mode). Only a restart of the SGLang server
+              brings the thread back.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogKVHelperThreadDead',
+          // A dead heartbeat checker only stops noticing dead prefill peers
+          // (SGLang's waiting timeout still frees their requests); what an
+          // "other" thread did is unknown. A ticket, not a page; never
+          // escalated to a restart.
+          expr: sel('sglang_watchdog_kv_threads_dead', ['thread=~"heartbeat|other"']) + ' > 0',
+          'for': '5m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'A helper thread of an SGLang KV manager has died.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} {{ $labels.thread }} thread(s) of the KV manager of
+              {{ $labels.role }} dp_rank {{ $labels.dp_rank }} pp_rank {{ $labels.pp_rank }} on
+              {{ $labels.instance }} have died. Requests are still served, but what the thread
+              watched (heartbeat: the prefill peers' liveness) goes unwatched until the SGLang
+              server restarts.
+            |||),
+          },
+        },
+        {
           alert: 'SGLangWatchdogRestartEscalated',
           // Every restart escalation is alerted on, whatever its result:
           // restarted (the plugin ended the server), or refused/failed (the
@@ -133,12 +176,13 @@ local windows = import '../lib/windows.libsonnet';
           expr: inc('sglang_watchdog_restarts_total', ['result!="would_restart"'], '30m'),
           labels: { severity: 'warning' },
           annotations: {
-            summary: 'The watchdog asked the SGLang plugin to restart a server with a wedged transfer worker.',
+            summary: 'The watchdog asked the SGLang plugin to restart a server with a wedged transfer worker or a dead KV thread.',
             description: promql.oneLine(|||
-              {{ $labels.instance }} escalated a transfer wedge to a restart in the last 30
-              minutes with result {{ $labels.result }} ({{ printf "%.0f" $value }} time(s)).
-              "restarted" means the plugin ended the scheduler so that the orchestrator
-              restarts the server; any other result means the wedge was left in place.
+              {{ $labels.instance }} escalated a transfer wedge or a dead KV manager thread to
+              a restart in the last 30 minutes with result {{ $labels.result }}
+              ({{ printf "%.0f" $value }} time(s)). "restarted" means the plugin ended the
+              scheduler so that the orchestrator restarts the server; any other result means
+              the wedge or the dead thread was left in place.
             |||),
           },
         },
