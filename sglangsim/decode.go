@@ -809,6 +809,13 @@ func (dr *drank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	for _, d := range dr.transfer {
 		add(d, pluginapi.DecodeQueueTransfer)
 	}
+	if s.listsThreads() {
+		// The decode manager's listener of prefill's status frames and
+		// its heartbeat checker of the prefill peers (SGLang v0.5.18:
+		// disaggregation/mooncake/conn.py); neither dies here.
+		l.KVThreads = []pluginapi.KVThread{{Role: pluginapi.ThreadDecodeListener, Function: "decode_thread", Alive: true},
+			{Role: pluginapi.ThreadHeartbeat, Function: "heartbeat_checker", Alive: true}}
+	}
 	return l
 }
 

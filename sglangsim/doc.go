@@ -373,6 +373,25 @@
 // rank's chunk outstanding counts as a live write on its pages. With
 // AttnTP 1 every figure is the same as without the option.
 //
+// # KV manager threads (issue 24)
+//
+// Read in SGLang v0.5.18: disaggregation/mooncake/conn.py,
+// disaggregation/nixl/conn.py.
+//
+// The plugin lists kv_threads (docs/plugin-api.md): on prefill the
+// bootstrap thread ("bootstrap_thread") and, where the manager has worker
+// queues, one transfer worker ("transfer_worker") per queue; on decode the
+// listener of prefill's status frames ("decode_thread") and the heartbeat
+// checker ("heartbeat_checker"). None with Options.PreRound4Plugin, nor in
+// the parity scene, whose stand-in starts no threads. Every thread is
+// alive until KillTransferWorker kills the leader's worker of one queue,
+// as an exception it does not handle does: at once if it holds no chunk,
+// else as it lets go of the one it holds. It takes no chunk after that:
+// the rooms with chunks on its queue (later ones too) wait with nothing
+// in flight and are recorded blocked_by_wedge, until a restart, whose
+// process starts its threads alive. The bootstrap thread and the decode
+// threads do not die here.
+//
 // # Restarts and crashes
 //
 // Restart, POST /admin/restart (202) and a crash restart the whole prefill

@@ -935,6 +935,12 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		sd.outstanding = 0
 		return pollFailed, true
 	}
+	if q.queue >= 0 && r.xf(sd.tp).workers[q.queue].dead {
+		// Its worker died between two of its chunks (KillTransferWorker):
+		// none is outstanding, and none ever will be.
+		sd.outstanding = 0
+		return pollTransferring, true
+	}
 	p := int64((sd.work - q.pickup) / q.chunkEvery)
 	if sd.pinned && q.freezeAt >= 0 && p >= q.freezeAt {
 		// Resurrection: the transfer failed, then a late update revived the
@@ -1399,6 +1405,10 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	}
 	if !s.opts.PreRound4Plugin {
 		l.WedgeOrders = r.wedgeOrderStates(now)
+	}
+	if s.listsThreads() {
+		// With worker queues round4 holds: they were played up to now.
+		l.KVThreads = r.kvThreads(queues)
 	}
 	for i, q := range r.inflight {
 		sd := q.senders[r.pp]

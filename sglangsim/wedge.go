@@ -32,6 +32,15 @@ func (s *Sim) roundFour() bool {
 	return !s.opts.PreRound4Plugin && s.opts.LeverEra != LeversNIXLMid2025 && !s.unwatched
 }
 
+// listsThreads tells whether the plugin lists kv_threads: a plugin of
+// issue 24, except in the parity scene, whose Python stand-in's managers
+// start no threads for it to find.
+func (s *Sim) listsThreads() bool {
+	s.cfgMu.RLock()
+	defer s.cfgMu.RUnlock()
+	return !s.opts.PreRound4Plugin && !s.unwatched
+}
+
 // applyWedgeOrders runs the standing orders at the start of the inflight
 // pass, before the poll: an order that expired, or whose worker took
 // another chunk, is dropped; the others fail their queue's rooms.

@@ -40,6 +40,11 @@ type worker struct {
 	link    string // the held chunk's destination
 	since   time.Time
 
+	// dying: the thread was killed (KillTransferWorker) and dies as it
+	// lets go of the chunk it holds; dead: it has died, and takes no
+	// chunk again.
+	dying, dead bool
+
 	// recent is a ring of the last finished chunks that carried pages.
 	recent  [recentChunks]finishedChunk
 	nRecent int
@@ -204,7 +209,10 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 	}
 	w := &x.workers[qi]
 	for w.clock.Before(now) {
-		if x.wedge[qi] != nil {
+		if w.dying && !w.holding {
+			w.dead = true
+		}
+		if x.wedge[qi] != nil || w.dead {
 			r.markBehind(x, qi)
 			w.clock = now
 			return
@@ -236,9 +244,12 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 			sd.work = target
 		}
 		if end < 0 || target < end {
-			// The held chunk settled; the room's next one.
+			// The held chunk settled; the room's next one, unless the
+			// thread dies here.
 			w.finish(w.clock)
-			w.take(sd, w.clock)
+			if !w.dying {
+				w.take(sd, w.clock)
+			}
 			continue
 		}
 		if sd.pinned && q.behavior == BehaviorPinStuckHandle && !sd.statusFailed {
@@ -263,11 +274,12 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 	}
 }
 
-// markBehind marks every room waiting behind queue qi's stuck handle of x
-// blocked: it will never be served. Callers hold r.mu.
+// markBehind marks every room waiting behind queue qi's stuck handle of x,
+// or on the queue of a dead worker, blocked: it will never be served.
+// Callers hold r.mu.
 func (r *rank) markBehind(x *xfer, qi int) {
 	wd := x.wedge[qi]
-	if wd == nil {
+	if wd == nil && !x.workers[qi].dead {
 		return
 	}
 	for _, sd := range x.workers[qi].fifo {
@@ -413,4 +425,48 @@ func (s *Sim) setLinks(rank, tp int, speed float64, set func(*links)) error {
 		r.mu.Unlock()
 	}
 	return nil
+}
+
+// KillTransferWorker makes the leader's transfer worker thread of queue
+// `queue` of rank `rank` die, as one does on an exception it does not
+// handle (issue 24; SGLang v0.5.18: disaggregation/mooncake/conn.py
+// transfer_worker): at once if it holds no chunk, else as it lets go of
+// the one it holds. It takes no chunk after that: every room with chunks
+// on its queue, and every later one, waits in WaitingForInput with nothing
+// in flight until the server restarts, when its successor starts alive.
+// The rooms are recorded blocked_by_wedge. The listing's kv_threads shows
+// the thread dead from its death on.
+func (s *Sim) KillTransferWorker(rank, queue int) error {
+	if rank < 0 || rank >= len(s.ranks) || queue < 0 || queue >= TransferQueues {
+		return fmt.Errorf("sglangsim: no transfer queue %d on rank %d", queue, rank)
+	}
+	if !s.roundFour() {
+		return errors.New("sglangsim: this scene's KV manager has no transfer workers to kill")
+	}
+	r := s.ranks[rank]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := s.clock.Now()
+	r.runWorker(queue, now)
+	w := &r.xfer.workers[queue]
+	w.dying = true
+	w.dead = !w.holding
+	r.markBehind(&r.xfer, queue)
+	return nil
+}
+
+// kvThreads lists the threads of the rank's KV manager as the plugin does
+// (docs/plugin-api.md, kv_threads): the bootstrap thread and, where the
+// manager has worker queues, one transfer worker per queue. Callers hold
+// r.mu, with the workers played up to now.
+func (r *rank) kvThreads(queues bool) []pluginapi.KVThread {
+	out := []pluginapi.KVThread{{Role: pluginapi.ThreadBootstrap, Function: "bootstrap_thread", Alive: true}}
+	if !queues {
+		return out
+	}
+	for qi := range r.xfer.workers {
+		out = append(out, pluginapi.KVThread{Role: pluginapi.ThreadTransferWorker, Function: "transfer_worker",
+			TransferQueue: intPtr(qi), Alive: !r.xfer.workers[qi].dead})
+	}
+	return out
 }
