@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/go-kit/log/level"
@@ -111,19 +112,22 @@ func deadThreadEscalates(rk *rankState, now time.Time, cfg *Config) (threadKey, 
 		since time.Time
 		found bool
 	)
-	rank := func(role string) int {
-		for i, r := range pluginapi.ThreadRoles {
-			if r == role {
-				return i
-			}
+	// The map's order is random; the log and the restart reason must
+	// not be.
+	before := func(a, b threadKey) bool {
+		if ra, rb := slices.Index(pluginapi.ThreadRoles, a.role), slices.Index(pluginapi.ThreadRoles, b.role); ra != rb {
+			return ra < rb
 		}
-		return len(pluginapi.ThreadRoles)
+		if a.queue != b.queue {
+			return a.queue < b.queue
+		}
+		return a.function < b.function
 	}
 	for k, t := range rk.deadSince {
 		if k.role == pluginapi.ThreadOther || now.Sub(t) < cfg.StallWindow {
 			continue
 		}
-		if !found || rank(k.role) < rank(best.role) || (k.role == best.role && (k.queue < best.queue || (k.queue == best.queue && k.function < best.function))) {
+		if !found || before(k, best) {
 			best, since, found = k, t, true
 		}
 	}
