@@ -23,6 +23,7 @@ order was handled, which also lets go of requests that left.
 import time
 from typing import NamedTuple
 
+from . import kv_threads
 from .decode_capabilities import detect, pass_problem
 from .decode_observe import (
     _UNKNOWN_VIEW,
@@ -101,6 +102,8 @@ class DecodeMonitor(Monitor):
                 self._resolve_receiver(receiver_cls)
             manager = getattr(getattr(scheduler, "disagg_decode_prealloc_queue", None), "kv_manager", None)
             self.deferred_release = deferred_release(manager)
+            if manager is not None:
+                self.kv_threads = kv_threads.find(manager)
         except Exception as e:
             self._cannot_inspect(e, "decode lever")
         logger.info(

@@ -9,7 +9,7 @@ decode_monitor.py. docs/plugin-api.md documents every field.
 import os
 import time
 
-from . import peers, transfer_watch
+from . import kv_threads, peers, transfer_watch
 from .identity import sglang_version
 from .observe import poll_name
 from .snapshot import listed_rooms
@@ -45,6 +45,7 @@ class Listing:
             "server": server,
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
+            "kv_threads": kv_threads.listing(self.kv_threads),
         }
         body.update(self._queues_json(snapshot, now, peer_view))
         return body

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 
-from . import capabilities, peers, process_tree, transfer_watch
+from . import capabilities, kv_threads, peers, process_tree, transfer_watch
 from .admin import Admin
 from .listing import Listing
 from .observe import UNKNOWN, observe, outstanding_chunks
@@ -65,6 +65,8 @@ class Monitor(Listing, Admin):
         self.transfer_tracking = False
         # The manager's transfer worker queues, once every one of them is watched (transfer_watch.py).
         self.workers = None
+        # SGLang's threads of the KV manager (kv_threads.py); None until a manager is seen.
+        self.kv_threads = None
         self.wedges = WedgeOrders()
         # The other ranks of the attention TP/CP group, which send their own share of each room's KV
         # (peers.py); None where the group is this rank alone.
@@ -116,6 +118,7 @@ class Monitor(Listing, Admin):
                 self.transfer_queues = self._queue_key(manager).count
                 self.transfer_tracking = capabilities.transfer_tracking(manager)
                 self._watch_workers(manager)
+                self.kv_threads = kv_threads.find(manager)
         except Exception as e:
             self._cannot_inspect(e, "levers")
         logger.info("sglang-watchdog plugin levers on this SGLang: %s%s", *self._lever_summary())
