@@ -10,7 +10,7 @@ released without killing the scheduler.
 import ast
 import types
 
-from . import capabilities
+from . import capabilities, kv_threads
 from .capabilities import ABORT, Capabilities
 from .observe import FAILED, as_poll_code
 
@@ -147,3 +147,114 @@ def _assigns_none(tree, attr):
     return any(isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is None
                and any(isinstance(t, ast.Attribute) and t.attr == attr for t in node.targets)
                for node in ast.walk(tree))
+
+
+_ABORT_FRAMES = (b"ABORT", "ABORT")
+_abort_frame_problems = {}
+
+
+def abort_frame_problem(receiver_cls, manager_cls):
+    """Why calling this receiver's ``abort()`` once it knows its prefill peers would stop prefill serving, or "".
+
+    SGLang's own receiver ``abort()`` tells the prefill ranks it bootstrapped
+    from with an ``ABORT`` frame on their bootstrap socket
+    (``CommonKVReceiver._send_abort_notification``, ``disaggregation/common/conn.py``,
+    v0.5.18), as its ``abort_request`` and its waiting timeout do. A prefill
+    manager whose bootstrap thread has no branch for that frame takes it for a
+    registration: NIXL's asserts ("First message should be b'NixlMsgGuard'.
+    Foreign traffic?", ``NixlKVManager._start_bootstrap_thread``,
+    ``disaggregation/nixl/conn.py``) and the thread dies, so that every later
+    request to that prefill rank waits in its bootstrap queue for ever. SGLang
+    shipped that pair between v0.5.11 (no frame sent) and v0.5.18 (NIXL reads
+    it, ``_handle_abort_notification``). Read from the code, never from a
+    version: the frame in the receiver's ``abort()`` (or a method of the
+    receiver it calls), and a comparison with it in the manager's bootstrap
+    thread (or a method of the manager it calls). The prefill side is taken to
+    run the same SGLang as this decode server, as SGLang's PD deployments do.
+    """
+    key = (receiver_cls, manager_cls)
+    known = _abort_frame_problems.get(key)
+    if known is None:
+        known = _abort_frame_problems[key] = _abort_frame_problem(receiver_cls, manager_cls)
+    return known
+
+
+def _abort_frame_problem(receiver_cls, manager_cls):
+    name = receiver_cls.__name__
+    sends = _reaches_frame(receiver_cls, getattr(receiver_cls, "abort", None), compared=False)
+    if sends is False:
+        return ""
+    if sends is None:
+        return (f"{name}.abort() cannot be read, so whether it sends prefill an ABORT frame that prefill's bootstrap "
+                "thread can read is unknown; a request that knows its prefill peers is not released")
+    starters = bootstrap_starters(manager_cls)
+    reads = None
+    for starter in starters:
+        reads = _reaches_frame(manager_cls, starter, compared=True)
+        if reads is not False:
+            break
+    if reads:
+        return ""
+    manager = getattr(manager_cls, "__name__", "the KV manager")
+    if reads is None:
+        return (f"{name}.abort() sends prefill an ABORT frame and {manager}'s bootstrap thread cannot be read, so "
+                "whether the frame would kill it is unknown; a request that knows its prefill peers is not released")
+    return (f"{name}.abort() sends prefill an ABORT frame that {manager}'s bootstrap thread does not read: on this "
+            "SGLang the frame kills prefill's bootstrap thread (its assert on the first part of every frame), and "
+            "every later request to that prefill rank waits in its bootstrap queue for ever. SGLang's own "
+            "abort_request does the same here; a request that knows its prefill peers is not released, leave it "
+            "to SGLang's waiting timeout or restart the prefill server")
+
+
+def bootstrap_starters(manager_cls):
+    """The manager's methods that start its prefill bootstrap thread: those that define a function SGLang runs as
+    one (``bootstrap_thread`` in NIXL's ``_start_bootstrap_thread`` and Mooncake's ``start_prefill_thread``)."""
+    found, seen = [], set()
+    for cls in getattr(manager_cls, "__mro__", ()):
+        if not cls.__module__.startswith("sglang."):
+            continue
+        for name, fn in vars(cls).items():
+            if name in seen or not callable(fn):
+                continue
+            seen.add(name)
+            tree = capabilities._function_tree(fn)
+            if tree is not None and any(isinstance(node, ast.FunctionDef) and node is not tree and
+                                        kv_threads.role_of(node.name) == kv_threads.BOOTSTRAP
+                                        for node in ast.walk(tree)):
+                found.append(fn)
+    return found
+
+
+def _reaches_frame(cls, fn, compared):
+    """Whether ``fn``, or a method of ``cls`` it calls on ``self`` (once removed), holds the ABORT frame.
+
+    ``compared``: only a comparison with the frame counts (a reader), else any
+    use of it (a sender). None when ``fn`` cannot be read.
+    """
+    tree = capabilities._function_tree(fn)
+    if tree is None:
+        return None
+    if _holds_frame(tree, compared):
+        return True
+    for called in _self_calls(tree):
+        sub = capabilities._function_tree(getattr(cls, called, None))
+        if sub is not None and _holds_frame(sub, compared):
+            return True
+    return False
+
+
+def _holds_frame(tree, compared):
+    for node in ast.walk(tree):
+        if compared and isinstance(node, ast.Compare):
+            if any(isinstance(side, ast.Constant) and side.value in _ABORT_FRAMES
+                   for side in (node.left, *node.comparators)):
+                return True
+        elif not compared and isinstance(node, ast.Constant) and node.value in _ABORT_FRAMES:
+            return True
+    return False
+
+
+def _self_calls(tree):
+    return {node.func.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"}

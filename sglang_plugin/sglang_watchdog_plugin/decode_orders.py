@@ -9,7 +9,7 @@ import logging
 import time
 
 from .capabilities import ABORT
-from .decode_capabilities import pending_release_problem
+from .decode_capabilities import abort_frame_problem, pending_release_problem
 from .decode_observe import PREALLOC, TRANSFER, WHERE, observe_receiver, queued, request_room
 from .decode_release import can_register_deferred, deferred_release
 from .observe import FAILED, SUCCESS
@@ -72,6 +72,10 @@ def apply_order(order, scheduler, capabilities_for, note_deferred, pp_stages=1):
     if queue == TRANSFER and view.transfer_started is not False and not failed and not order.prefill_stopped:
         return transfer_live(order.rid, room, view.transfer_started)
     manager = getattr(receiver, "kv_mgr", None)
+    if not failed and _would_send_abort(receiver):
+        problem = abort_frame_problem(type(receiver), type(manager))
+        if problem:
+            return unsupported(order.rid, problem)
     would_defer = queue == TRANSFER and deferred_release(manager) is True and can_register_deferred(manager)
     if failed:
         result, levers = "already_failed", [ABORT] + ([DEFERRED_ABORT] if note_deferred(decode_req, None) else [])
@@ -103,6 +107,14 @@ def apply_order(order, scheduler, capabilities_for, note_deferred, pp_stages=1):
                        ",".join(levers))
     return Outcome(200, {"result": result, "rid": order.rid, "bootstrap_room": room, "lever": "conclude_state",
                          "levers": levers, "applied_unix": time.time()})
+
+
+def _would_send_abort(receiver):
+    """Whether the receiver's abort() would send its prefill peers a frame: it knows them, and has not told them.
+
+    The condition of SGLang's own CommonKVReceiver.abort (disaggregation/common/conn.py, v0.5.18).
+    """
+    return getattr(receiver, "bootstrap_infos", None) is not None and getattr(receiver, "abort_notified", False) is not True
 
 
 def _repoll_prealloc(queue, decode_req):
