@@ -20,7 +20,7 @@ import time
 import unittest
 
 from sglang_watchdog_plugin import decode
-from sglang_watchdog_plugin.conformance import decode_bench, runtime, transports
+from sglang_watchdog_plugin.conformance import aftermath, decode_bench, runtime, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 _RT = None
@@ -100,7 +100,7 @@ def v0_5_14_prealloc_methods():
     return methods
 
 
-class _Backend:
+class _Backend(aftermath.Checked):
     backend = None
 
     def setUp(self):
@@ -123,10 +123,12 @@ class _Backend:
             raise
         self.bench.start()
         self.addCleanup(self.bench.stop)
+        self.watch_aftermath(self.bench)
         self.server = self.bench.listing()["server"]
         self.levers = self.server["levers"]
 
     def tearDown(self):
+        self.check_aftermath()
         self.assertEqual(self.bench.errors, [], "SGLang's decode pass raised: a real scheduler would have died")
 
     def room(self):
@@ -314,6 +316,8 @@ class _Backend:
         self.assertIn("pending_reqs", body["error"])
         time.sleep(0.2)
         self.assertEqual(self.bench.queue_of(req.rid), "prealloc", "a refused order changed something")
+        self.check_aftermath("the refused order")
+        self.sglang_breaks_itself("SGLang's own abort kills the decode scheduler on v0.5.14's shape")
         # What Scheduler.abort_request does to it, between two passes:
         self.bench.hold()
         try:

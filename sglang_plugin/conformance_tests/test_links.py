@@ -12,7 +12,7 @@ queue two destinations share (SGLang's port-sum rule).
 import unittest
 
 from sglang_watchdog_plugin.conformance import bench as bench_module
-from sglang_watchdog_plugin.conformance import transports
+from sglang_watchdog_plugin.conformance import aftermath, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
@@ -22,12 +22,13 @@ _rooms = iter(range(400000, 500000))
 FAST, SLOW = 0.005, 0.2  # seconds per page: a 2-page chunk in 10 ms, and in 0.4 s
 
 
-class _Links:
+class _Links(aftermath.Checked):
     backend = None
 
     def setUp(self):
         self.bench = bench_module.Bench(test_prefill._RT, self.backend).start()
         self.addCleanup(self.bench.stop)
+        self.watch_aftermath(self.bench)
         queues = getattr(self.bench.prefill_mgr, "transfer_queues", None)
         if not self.bench.listing()["server"]["transfer_progress"]:
             self.skipTest(f"{self.backend} has no transfer workers in this release (NIXL before v0.5.18 posts "
@@ -35,6 +36,7 @@ class _Links:
         self.assertGreaterEqual(len(queues), 4)
 
     def tearDown(self):
+        self.check_aftermath()
         self.assertEqual(self.bench.errors, [], "SGLang's pass raised: a real scheduler would have died")
 
     def test_each_chunk_names_its_destination_as_sglang_keys_it(self):

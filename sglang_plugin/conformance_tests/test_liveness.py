@@ -10,7 +10,7 @@ import time
 import unittest
 
 from sglang_watchdog_plugin.conformance import bench as bench_module
-from sglang_watchdog_plugin.conformance import transports
+from sglang_watchdog_plugin.conformance import aftermath, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
@@ -18,12 +18,13 @@ from . import test_prefill
 _rooms = iter(range(200000, 300000))
 
 
-class _Liveness:
+class _Liveness(aftermath.Checked):
     backend = None
 
     def setUp(self):
         self.bench = bench_module.Bench(test_prefill._RT, self.backend).start()
         self.addCleanup(self.bench.stop)
+        self.watch_aftermath(self.bench)
         listing = self.bench.listing()
         self.server = listing["server"]
         self.progress = self.server["transfer_progress"]
@@ -32,6 +33,7 @@ class _Liveness:
         self.assertEqual(self.progress, isinstance(manager_queues, list) and len(manager_queues) > 0, self.server)
 
     def tearDown(self):
+        self.check_aftermath()
         self.assertEqual(self.bench.errors, [], "SGLang's pass raised: a real scheduler would have died")
 
     def room(self):
@@ -202,6 +204,11 @@ class _Liveness:
         self.assertEqual(type(self.bench.wait_released(req.rid)).__name__, "FINISH_ABORT")
         _until(lambda: self.bench.worker(queue)["in_flight"] is None, 10, "the worker to wait again")
         self.assertEqual([pages for pages, _ in self.bench.worker(queue)["recent"][-2:]], [2, 2])
+        if hasattr(self.bench.prefill_mgr, "failed_sessions"):
+            self.sglang_breaks_itself(
+                "Mooncake takes a transfer error for a dead decode session (MooncakeKVManager.failed_sessions, "
+                "disaggregation/mooncake/conn.py) and fails its later rooms until the session registers again or "
+                "its probe clears it: SGLang's own handling of the error, no lever pulled")
 
 
 class Nixl(_Liveness, unittest.TestCase):

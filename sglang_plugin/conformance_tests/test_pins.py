@@ -24,7 +24,7 @@ import time
 import unittest
 
 from sglang_watchdog_plugin.conformance import bench as bench_module
-from sglang_watchdog_plugin.conformance import check, pins, runtime
+from sglang_watchdog_plugin.conformance import aftermath, check, pins, runtime
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
@@ -65,17 +65,19 @@ def _file(cls):
     return path.split(marker, 1)[1] if marker in path else os.path.basename(path)
 
 
-class _Pins:
+class _Pins(aftermath.Checked):
     backend = None
 
     def setUp(self):
         self.rt = test_prefill._RT
         self.bench = bench_module.Bench(self.rt, self.backend).start()
         self.addCleanup(self.bench.stop)
+        self.watch_aftermath(self.bench)
         self.levers = self.bench.listing()["server"]["levers"]
         self.started = time.monotonic()
 
     def tearDown(self):
+        self.check_aftermath()
         self.assertEqual(self.bench.errors, [], "SGLang's pass raised: a real scheduler would have died")
 
     @property

@@ -12,7 +12,7 @@ import time
 import unittest
 
 from sglang_watchdog_plugin.conformance import bench as bench_module
-from sglang_watchdog_plugin.conformance import check, runtime, transports
+from sglang_watchdog_plugin.conformance import aftermath, check, runtime, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 _RT = None
@@ -34,7 +34,7 @@ def setUpModule():
     _RT = runtime.Runtime()
 
 
-class _Backend:
+class _Backend(aftermath.Checked):
     backend = None
 
     def setUp(self):
@@ -42,10 +42,12 @@ class _Backend:
         # as in SGLang, and must not leak into the next scenario.
         self.bench = bench_module.Bench(_RT, self.backend).start()
         self.addCleanup(self.bench.stop)
+        self.watch_aftermath(self.bench)
         self.server = self.bench.listing()["server"]
         self.levers = self.server["levers"]
 
     def tearDown(self):
+        self.check_aftermath()
         self.assertEqual(self.bench.errors, [], "SGLang's pass raised: a real scheduler would have died")
 
     def room(self):

@@ -24,7 +24,7 @@ import unittest
 
 from sglang_watchdog_plugin import peers
 from sglang_watchdog_plugin.conformance import bench as bench_module
-from sglang_watchdog_plugin.conformance import tp2, transports
+from sglang_watchdog_plugin.conformance import aftermath, tp2, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
@@ -40,15 +40,17 @@ def setUpModule():
     test_prefill.setUpModule()
 
 
-class _Tp2:
+class _Tp2(aftermath.Checked):
     backend = None
 
     def setUp(self):
         self.group = tp2.Tp2Group(test_prefill._RT, self.backend).start()
         self.addCleanup(self.group.stop)
+        self.watch_aftermath(self.group)
         self.tracking = hasattr(self.group.prefill_mgrs[0], "_staging_outstanding")
 
     def tearDown(self):
+        self.check_aftermath()
         self.assertEqual(self.group.errors, [], "SGLang's pass raised: a real scheduler would have died")
 
     # The leader's API -----------------------------------------------------

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback
 
-from . import loader, runtime, transports
+from . import aftermath, loader, runtime, transports
 
 FLAG = "--force-fail.mode=auto"
 _ROOMS = iter(range(70000, 80000))
@@ -51,6 +51,8 @@ class Result:
         self.health_check_ok = None
         self.errors = []  # what went wrong, in words
         self.scheduler_errors = []
+        self.aftermath = None  # the aftermath check's problems after the plugin's force-fail ([]: serves as before)
+        self.decode_abort_problem = ""  # why a decode release that would send prefill an ABORT frame is refused
         self.absent = None  # why this SGLang has no such backend, where it has none
 
     @classmethod
@@ -72,6 +74,9 @@ class Result:
         if self.scheduler_errors:
             return (f"NOT safe to turn {FLAG} on for {b}: SGLang's inflight pass raised "
                     f"({self.scheduler_errors[0]!r}); a real scheduler would have died")
+        if self.aftermath:
+            return (f"NOT safe to turn {FLAG} on for {b}: after the plugin's force-fail SGLang no longer serves as "
+                    f"before ({self.aftermath[0]})")
         if not self.healthy_ok:
             return f"NOT safe to turn {FLAG} on for {b}: a healthy transfer was not left to SGLang"
         if not self.health_check_ok:
@@ -79,8 +84,10 @@ class Result:
         if self.lever_released is True:
             # What the check proves is the lever, not the rules: a healthy transfer slower than the
             # deadline still looks stuck to them (README, "Limits").
+            decode = (f"; decode releases of requests that know their prefill peers are refused here "
+                      f"(501: {self.decode_abort_problem})" if self.decode_abort_problem else "")
             return (f"safe to turn {FLAG} on for {b} as far as the levers go: keep --watchdog.deadline "
-                    f"above your slowest healthy KV transfer (README, Limits)")
+                    f"above your slowest healthy KV transfer (README, Limits){decode}")
         if self.lever_released is False:
             return (f"no use turning {FLAG} on for {b}: the plugin has no lever here and answers "
                     f"501 unsupported (harmless, but nothing is released; alerts and restarts only)")
@@ -161,9 +168,14 @@ def check_backend(rt, backend, abort_reached, timeout):
         res.levers = list(server.get("levers") or [])
         res.lever_note = server.get("lever_note") or ""
         res.row("levers found", ",".join(res.levers) if res.levers else f"none ({res.lever_note or 'no reason given'})")
+        before = aftermath.Before(bench)
         _healthy(bench, res, timeout)
         _health_check(bench, res, timeout)
         _stuck_lever(bench, res, timeout)
+        res.aftermath = aftermath.check(before)
+        res.row("afterwards", "; ".join(res.aftermath) + "  <- unexpected" if res.aftermath else
+                "SGLang serves a new request end to end, every thread of its KV managers alive")
+        _decode_abort(rt, backend, res)
     except Exception as e:
         res.errors.append(f"{type(e).__name__}: {e}")
         res.row("error", res.errors[-1])
@@ -186,6 +198,19 @@ def check_backend(rt, backend, abort_reached, timeout):
     if res.scheduler_errors:
         res.row("SGLang's inflight pass", f"RAISED {res.scheduler_errors[0]!r}")
     return res
+
+
+def _decode_abort(rt, backend, res):
+    """Whether the decode release would send prefill an ABORT frame its bootstrap thread cannot read (read from
+    the code, as the decode plugin decides it)."""
+    from .. import decode_capabilities
+
+    conn = rt.conns[backend]
+    receiver_cls = runtime._class_named(conn, f"{backend}kvreceiver")
+    manager_cls = runtime._class_named(conn, f"{backend}kvmanager")
+    res.decode_abort_problem = decode_capabilities.abort_frame_problem(receiver_cls, manager_cls)
+    res.row("decode release, peers known", f"refused (501): {res.decode_abort_problem}"
+            if res.decode_abort_problem else "offered: prefill's bootstrap thread reads the ABORT frame, or none is sent")
 
 
 def _healthy(bench, res, timeout):

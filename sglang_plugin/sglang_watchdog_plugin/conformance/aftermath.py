@@ -1,0 +1,194 @@
+"""The aftermath of an action: SGLang still serves a new request, with every thread it had, and nothing escaped.
+
+A lever that releases the request it aims at can still leave the server
+worse than doing nothing: a frame that kills the prefill bootstrap thread, a
+pass that raises, a worker left holding a queue. So after each scene, on the
+same prefill and decode ranks (SGLang's own managers, bootstrap server and
+threads), the check asks three things:
+
+* every SGLang thread of those managers that was alive before the scene is
+  alive after it (kv_threads.py finds them);
+* no exception escaped an SGLang thread (``threading.excepthook``) or the
+  scheduler pass (``Bench.errors``) during the scene;
+* a new request goes end to end: bootstrapped through SGLang's bootstrap
+  server and the prefill bootstrap thread, its KV sent, the receiver at
+  ``Success``, and the scheduler releasing it as SGLang does (prefill: out
+  of the inflight queue with a length finish; decode: admitted to the
+  waiting queue).
+
+The scene's faults are lifted first (hung handles end, links at full
+speed), as a link that recovers would lift them: what is checked is what the
+scene's actions left behind, not the fault itself.
+"""
+
+import itertools
+import threading
+import time
+
+from .. import kv_threads
+from . import transports
+
+# Time for the new request: milliseconds on a healthy bench; generous for three releases side by side on 2 cores.
+SERVE_SECONDS = 20.0
+
+_rooms = itertools.count(3_000_000)
+_lock = threading.Lock()
+_escaped = []  # (thread name, exception) of every thread that died of an exception
+_installed = False
+
+
+def install():
+    """Records exceptions that end a thread, then prints them as Python does. Idempotent."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+        previous = threading.excepthook
+
+        def hook(args):
+            thread = args.thread
+            with _lock:
+                _escaped.append((getattr(thread, "name", "?"), args.exc_value))
+            previous(args)
+
+        threading.excepthook = hook
+
+
+def escaped_since(mark):
+    with _lock:
+        return list(_escaped[mark:])
+
+
+class Before:
+    """What the scene started with: the managers' live threads, and where the exception records stood."""
+
+    def __init__(self, bench, extra_managers=()):
+        install()
+        self.bench = bench
+        managers = [*_managers(bench), *extra_managers]
+        seen, self.threads = set(), []
+        for manager in managers:
+            if id(manager) in seen:
+                continue
+            seen.add(id(manager))
+            self.threads.extend((type(manager).__name__, t) for t in kv_threads.find(manager))
+        with _lock:
+            self.mark = len(_escaped)
+        self.pass_errors = len(bench.errors)
+
+
+def _managers(bench):
+    if hasattr(bench, "prefill_mgrs"):  # a TP group (tp2.Tp2Group): every rank's managers
+        return [*bench.prefill_mgrs, *bench.decode_mgrs]
+    return [bench.prefill_mgr, bench.decode_mgr, *(d.manager for d in bench.destinations.values())]
+
+
+def _links(bench):
+    return list(bench.links) if isinstance(bench.links, list) else list(bench.links.values())
+
+
+def dead_threads(before):
+    return [f"{manager} {t.role} thread ({t.function}{'' if t.transfer_queue is None else f', queue {t.transfer_queue}'})"
+            for manager, t in before.threads if not t.thread.is_alive()]
+
+
+def check(before, serve=True):
+    """The aftermath's problems, in words; [] when SGLang is as it was and serves.
+
+    Threads and exceptions are read after the new request, so that what an
+    action set off on SGLang's threads (a frame on the way to prefill) has
+    happened by then.
+    """
+    bench = before.bench
+    problems = []
+    if serve:
+        heal(bench)
+        problem = serve_new(bench)
+        if problem:
+            problems.append(problem)
+    problems += [f"died: {d}" for d in dead_threads(before)]
+    problems += [f"an exception escaped SGLang's thread {name}: {type(e).__name__}: {e}"
+                 for name, e in escaped_since(before.mark)]
+    problems += [f"SGLang's scheduler pass raised: {type(e).__name__}: {e}" for e in bench.errors[before.pass_errors:]]
+    return problems
+
+
+def assert_serves(testcase, before, what="the scene"):
+    problems = check(before)
+    if problems:
+        testcase.fail(f"after {what}, SGLang is worse than before: " + "; ".join(problems))
+
+
+def heal(bench):
+    """Lifts the scene's faults: hung handles complete, links run at full speed."""
+    transports.fabric.end_hangs((link.room for link in _links(bench)), transports.COMPLETE)
+    transports.fabric.link_speed(0.0)
+    destinations = bench.destinations
+    for key in (d.key for d in destinations.values()) if isinstance(destinations, dict) else destinations:
+        transports.fabric.destination_speed(key, None)
+
+
+def serve_new(bench, timeout=SERVE_SECONDS):
+    """A new request end to end on the bench's ranks: "" once SGLang served it, else what went wrong."""
+    room = next(_rooms)
+    rid = f"aftermath-{room}"
+    deadline = time.monotonic() + timeout
+    try:
+        reqs = bench.admit(room, transports.COMPLETE, rid=rid)
+    except Exception as e:  # the bootstrap or the admission timed out: SGLang no longer takes requests
+        return f"a new request could not be bootstrapped and sent ({type(e).__name__}: {e})"
+    if isinstance(reqs, list):  # a TP group: each rank's share, each rank's scheduler
+        ranks = range(len(reqs))
+        served, reason = (lambda: all(bench.released(r, rid) is not None for r in ranks),
+                          lambda: next((bench.released(r, rid) for r in ranks
+                                        if type(bench.released(r, rid)).__name__ != "FINISH_LENGTH"), None))
+        receivers = [link.receiver for link in bench.links[-len(reqs):]]
+    elif hasattr(bench, "transferred"):  # decode: admitted to the waiting queue
+        served, reason = (lambda: bench.transferred(rid)), (lambda: None)
+        receivers = [bench.links[rid].receiver]
+    else:
+        served = lambda: bench.released(rid) is not None
+        reason = lambda: None if type(bench.released(rid)).__name__ == "FINISH_LENGTH" else bench.released(rid)
+        receivers = [bench.links[rid].receiver]
+    while not served():
+        if time.monotonic() > deadline:
+            return f"a new request was not served within {timeout:g}s"
+        time.sleep(0.01)
+    if reason() is not None:
+        return f"a new request left the inflight queue as {type(reason()).__name__}, not served"
+    # Decode learns Success on its own thread (Mooncake: prefill's status message), after prefill let go.
+    for receiver in receivers:
+        while (poll := bench.rt.poll_names[int(receiver.poll())]) != "Success":
+            if time.monotonic() > deadline:
+                return f"a new request's receiver reads {poll}, not Success, {timeout:g}s on"
+            time.sleep(0.01)
+    return ""
+
+
+class Checked:
+    """A test case whose scenes are followed by the aftermath check.
+
+    ``watch_aftermath(bench)`` once the bench runs (setUp); ``check_aftermath()``
+    in tearDown. A scene that goes on to break SGLang by SGLang's own doing (its
+    own abort_request where that kills the scheduler) checks the plugin's part
+    with ``check_aftermath()`` before, then says why with
+    ``sglang_breaks_itself(why)``; the scene itself asserts how SGLang broke.
+    """
+
+    _aftermath = None
+    _breaks_itself = None
+
+    def watch_aftermath(self, bench, extra_managers=()):
+        self._aftermath = Before(bench, extra_managers)
+        self._breaks_itself = None
+
+    def sglang_breaks_itself(self, why):
+        self._breaks_itself = why
+
+    def check_aftermath(self, what=None):
+        """Asserts that SGLang serves as before; once per scene, unless SGLang was said to break itself since."""
+        if self._aftermath is None or self._breaks_itself is not None:
+            return
+        before, self._aftermath = self._aftermath, None
+        assert_serves(self, before, what or self.id().rsplit(".", 1)[-1])
