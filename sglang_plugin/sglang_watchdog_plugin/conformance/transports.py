@@ -10,6 +10,8 @@ decides per room what a transfer does:
 * ``slow(seconds)``: done after that long;
 * ``FAIL``: the transport reports an error (NIXL "ERR", Mooncake -1);
 * ``fail_after(seconds)``: the error comes after that long;
+* ``raising(exception)``: Mooncake's synchronous call raises that exception
+  instead of returning, as a library fault would (NIXL: a plain failure);
 * a list of those: one per KV chunk of the room, in the order its worker
   posts them (the last one repeats).
 
@@ -61,6 +63,10 @@ def fail_after(seconds):
     return ("fail", float(seconds))
 
 
+def raising(exception):
+    return ("raise", exception)
+
+
 class Transfer:
     """One transfer the fabric was asked for."""
 
@@ -81,6 +87,8 @@ class Transfer:
         if behaviour == HANG:
             return self.state
         kind, seconds = behaviour if isinstance(behaviour, tuple) else (behaviour, 0.0)
+        if kind == "raise":
+            kind, seconds = FAIL, 0.0
         if now - self.started >= seconds + self.link_seconds:
             self.state, self.ended = ("ERR" if kind in (FAIL, "fail") else "DONE"), now
             if self.state == "DONE":
@@ -416,6 +424,9 @@ class MooncakeEngine:
             # of this fake must not pass for the room's plan.
             traceback.print_exc()
             raise
+        if isinstance(transfer.behaviour, tuple) and transfer.behaviour[0] == "raise":
+            transfer.state, transfer.ended = "ERR", time.monotonic()
+            raise transfer.behaviour[1]
         while True:
             now = time.monotonic()
             state = transfer.settle(now)
