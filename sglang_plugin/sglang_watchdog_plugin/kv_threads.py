@@ -29,6 +29,7 @@ _ROLES = {
     "bootstrap_worker": BOOTSTRAP,
     "transfer_worker": TRANSFER_WORKER,
     "_transfer_worker": TRANSFER_WORKER,
+    "transfer_thread": TRANSFER_WORKER,  # Mooncake v0.4.6: one thread drains the manager's one queue.Queue
     "decode_thread": DECODE_LISTENER,
     "decode_worker": DECODE_LISTENER,
     "heartbeat_checker": HEARTBEAT,
