@@ -24,7 +24,7 @@ import inspect
 import unittest
 
 from sglang_watchdog_plugin import hook
-from sglang_watchdog_plugin.conformance import decode_bench, prefill_pp, transports
+from sglang_watchdog_plugin.conformance import aftermath, decode_bench, prefill_pp, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
 from . import test_prefill
@@ -69,7 +69,7 @@ class PPPrefillLoopShape(unittest.TestCase):
         self.assertIsNot(method, inspect.unwrap(method), f"{hook.METHOD} is not hooked")
 
 
-class _PPPrefill:
+class _PPPrefill(aftermath.Checked):
     backend = None
 
     def setUp(self):
@@ -87,9 +87,11 @@ class _PPPrefill:
         for stage in self.stages:
             _until(lambda: stage.monitor is not None, 30, f"the plugin's first hooked pass on PP stage {stage.pp_rank}")
         self.levers = self.stages[0].listing()["server"]["levers"]
+        self.watch_aftermath(self.stages)
         self.slots = [stage.free_metadata_slots() for stage in self.stages]
 
     def tearDown(self):
+        self.check_aftermath()
         for stage in self.stages:
             self.assertEqual(stage.errors, [], f"SGLang's PP prefill loop raised on stage {stage.pp_rank}")
 

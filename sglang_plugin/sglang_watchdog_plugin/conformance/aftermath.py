@@ -61,25 +61,29 @@ def escaped_since(mark):
 
 
 class Before:
-    """What the scene started with: the managers' live threads, and where the exception records stood."""
+    """What the scene started with: the managers' live threads, and where the exception records stood.
+
+    ``bench``: a Bench or DecodeBench, a TP group (tp2.Tp2Group), or a list of
+    PP stages, which serve one request together.
+    """
 
     def __init__(self, bench, extra_managers=()):
         install()
         self.bench = bench
-        managers = [*_managers(bench), *extra_managers]
+        self.stages = list(bench) if isinstance(bench, (list, tuple)) else [bench]
         seen, self.threads = set(), []
-        for manager in managers:
+        for manager in [*(m for stage in self.stages for m in _managers(stage)), *extra_managers]:
             if id(manager) in seen:
                 continue
             seen.add(id(manager))
             self.threads.extend((type(manager).__name__, t) for t in kv_threads.find(manager))
         with _lock:
             self.mark = len(_escaped)
-        self.pass_errors = len(bench.errors)
+        self.pass_errors = [len(stage.errors) for stage in self.stages]
 
 
 def _managers(bench):
-    if hasattr(bench, "prefill_mgrs"):  # a TP group (tp2.Tp2Group): every rank's managers
+    if hasattr(bench, "prefill_mgrs"):  # a TP group: every rank's managers
         return [*bench.prefill_mgrs, *bench.decode_mgrs]
     return [bench.prefill_mgr, bench.decode_mgr, *(d.manager for d in bench.destinations.values())]
 
@@ -100,17 +104,18 @@ def check(before, serve=True):
     action set off on SGLang's threads (a frame on the way to prefill) has
     happened by then.
     """
-    bench = before.bench
     problems = []
     if serve:
-        heal(bench)
-        problem = serve_new(bench)
+        for stage in before.stages:
+            heal(stage)
+        problem = serve_new(before.stages)
         if problem:
             problems.append(problem)
     problems += [f"died: {d}" for d in dead_threads(before)]
     problems += [f"an exception escaped SGLang's thread {name}: {type(e).__name__}: {e}"
                  for name, e in escaped_since(before.mark)]
-    problems += [f"SGLang's scheduler pass raised: {type(e).__name__}: {e}" for e in bench.errors[before.pass_errors:]]
+    for stage, mark in zip(before.stages, before.pass_errors):
+        problems += [f"SGLang's scheduler pass raised: {type(e).__name__}: {e}" for e in stage.errors[mark:]]
     return problems
 
 
@@ -129,41 +134,54 @@ def heal(bench):
         transports.fabric.destination_speed(key, None)
 
 
-def serve_new(bench, timeout=SERVE_SECONDS):
-    """A new request end to end on the bench's ranks: "" once SGLang served it, else what went wrong."""
-    room = next(_rooms)
-    rid = f"aftermath-{room}"
+def serve_new(stages, timeout=SERVE_SECONDS):
+    """A new request end to end on these ranks: "" once SGLang served it, else what went wrong.
+
+    One request with one rid: on a bench, on every rank of a TP group, or on
+    every PP stage (each stage its own room, as SGLang's PP stages have).
+    """
+    stages = list(stages) if isinstance(stages, (list, tuple)) else [stages]
+    rid = f"aftermath-{next(_rooms)}"
     deadline = time.monotonic() + timeout
+    waits, receivers = [], []
     try:
-        reqs = bench.admit(room, transports.COMPLETE, rid=rid)
+        for stage in stages:
+            reqs = stage.admit(next(_rooms), transports.COMPLETE, rid=rid)
+            if isinstance(reqs, list):  # a TP group: each rank's share, each rank's scheduler
+                waits += [(lambda r=r, g=stage: g.released(r, rid)) for r in range(len(reqs))]
+                receivers += [link.receiver for link in stage.links[-len(reqs):]]
+            else:
+                waits.append(_outcome(stage, rid))
+                receivers.append(stage.links[rid].receiver)
     except Exception as e:  # the bootstrap or the admission timed out: SGLang no longer takes requests
         return f"a new request could not be bootstrapped and sent ({type(e).__name__}: {e})"
-    if isinstance(reqs, list):  # a TP group: each rank's share, each rank's scheduler
-        ranks = range(len(reqs))
-        served, reason = (lambda: all(bench.released(r, rid) is not None for r in ranks),
-                          lambda: next((bench.released(r, rid) for r in ranks
-                                        if type(bench.released(r, rid)).__name__ != "FINISH_LENGTH"), None))
-        receivers = [link.receiver for link in bench.links[-len(reqs):]]
-    elif hasattr(bench, "transferred"):  # decode: admitted to the waiting queue
-        served, reason = (lambda: bench.transferred(rid)), (lambda: None)
-        receivers = [bench.links[rid].receiver]
-    else:
-        served = lambda: bench.released(rid) is not None
-        reason = lambda: None if type(bench.released(rid)).__name__ == "FINISH_LENGTH" else bench.released(rid)
-        receivers = [bench.links[rid].receiver]
-    while not served():
-        if time.monotonic() > deadline:
-            return f"a new request was not served within {timeout:g}s"
-        time.sleep(0.01)
-    if reason() is not None:
-        return f"a new request left the inflight queue as {type(reason()).__name__}, not served"
+    for outcome in waits:
+        while (reason := outcome()) is None:
+            if time.monotonic() > deadline:
+                return f"a new request was not served within {timeout:g}s ({_where(stages, rid)})"
+            time.sleep(0.01)
+        if reason is not True and type(reason).__name__ != "FINISH_LENGTH":
+            return f"a new request left the inflight queue as {type(reason).__name__}, not served"
     # Decode learns Success on its own thread (Mooncake: prefill's status message), after prefill let go.
     for receiver in receivers:
-        while (poll := bench.rt.poll_names[int(receiver.poll())]) != "Success":
+        while (poll := stages[0].rt.poll_names[int(receiver.poll())]) != "Success":
             if time.monotonic() > deadline:
                 return f"a new request's receiver reads {poll}, not Success, {timeout:g}s on"
             time.sleep(0.01)
     return ""
+
+
+def _where(stages, rid):
+    """Where the request waits, per stage, in words."""
+    return ", ".join(f"stage {i}: {(stage.queue_of(rid) if hasattr(stage, 'queue_of') else None) or ('inflight' if getattr(stage, 'queued', lambda r: False)(rid) else 'not queued')}"
+                     for i, stage in enumerate(stages))
+
+
+def _outcome(stage, rid):
+    """None while the request waits; then True (decode: admitted to the waiting queue) or the finish reason."""
+    if hasattr(stage, "transferred"):
+        return lambda: True if stage.transferred(rid) else None
+    return lambda: stage.released(rid)
 
 
 class Checked:
@@ -178,10 +196,14 @@ class Checked:
 
     _aftermath = None
     _breaks_itself = None
+    _unserved = None
 
-    def watch_aftermath(self, bench, extra_managers=()):
+    def watch_aftermath(self, bench, extra_managers=(), unserved=None):
+        """``unserved``: why this bench cannot serve a second request at all, not even with no action taken (a
+        limit of the bench, stated); then only threads and exceptions are checked."""
         self._aftermath = Before(bench, extra_managers)
         self._breaks_itself = None
+        self._unserved = unserved
 
     def sglang_breaks_itself(self, why):
         self._breaks_itself = why
@@ -191,4 +213,10 @@ class Checked:
         if self._aftermath is None or self._breaks_itself is not None:
             return
         before, self._aftermath = self._aftermath, None
-        assert_serves(self, before, what or self.id().rsplit(".", 1)[-1])
+        what = what or self.id().rsplit(".", 1)[-1]
+        if self._unserved is not None:
+            problems = check(before, serve=False)
+            if problems:
+                self.fail(f"after {what}, SGLang is worse than before: " + "; ".join(problems))
+            return
+        assert_serves(self, before, what)
