@@ -101,8 +101,8 @@ func (rk *rankState) deadThreads() map[string]int {
 }
 
 // deadThreadEscalates picks the dead thread that makes the rank a restart
-// candidate: one of a role that serves requests (not "other", whose loss
-// SGLang may not even notice), seen dead by this watchdog for the stall
+// candidate: one of a role that serves requests (threadServes), seen
+// dead by this watchdog for the stall
 // window, first in pluginapi.ThreadRoles order. A thread's aliveness is
 // read when the listing is served, so unlike a chunk's progress it needs
 // no running loop to be fresh.
@@ -124,7 +124,7 @@ func deadThreadEscalates(rk *rankState, now time.Time, cfg *Config) (threadKey, 
 		return a.function < b.function
 	}
 	for k, t := range rk.deadSince {
-		if k.role == pluginapi.ThreadOther || now.Sub(t) < cfg.StallWindow {
+		if !threadServes(k.role) || now.Sub(t) < cfg.StallWindow {
 			continue
 		}
 		if !found || before(k, best) {
@@ -132,6 +132,14 @@ func deadThreadEscalates(rk *rankState, now time.Time, cfg *Config) (threadKey, 
 		}
 	}
 	return best, since, found
+}
+
+// threadServes tells whether requests stop being served without a thread
+// of this role: a dead heartbeat checker only stops SGLang noticing dead
+// peers, and an "other" thread may not matter at all, so neither restarts
+// the server (their alert is a warning, not a page).
+func threadServes(role string) bool {
+	return role != pluginapi.ThreadOther && role != pluginapi.ThreadHeartbeat
 }
 
 // threadDeadEvidence tells whether a re-read listing still shows the

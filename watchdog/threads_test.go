@@ -133,8 +133,8 @@ func TestDeadWorkerRoomThatMovesIsNotFailed(t *testing.T) {
 }
 
 // A dead thread that serves requests escalates to a restart once it has
-// stayed dead for the stall window, once per process; a dead "other"
-// thread never does. The restart's reason names the thread.
+// stayed dead for the stall window, once per process; a dead heartbeat
+// checker or "other" thread never does. The restart's reason names the thread.
 func TestDeadThreadRestartEscalation(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -147,6 +147,7 @@ func TestDeadThreadRestartEscalation(t *testing.T) {
 			"KV manager thread bootstrap bootstrap_thread dead for 30s"},
 		{"transfer worker, dry run", threadsOf(2, 1), ModeDryRun, 1, "KV manager thread transfer_worker transfer_worker of transfer queue 1 dead for 30s"},
 		{"other", []pluginapi.KVThread{{Role: pluginapi.ThreadOther, Function: "_failed_session_probe_loop"}}, ModeAuto, 0, ""},
+		{"heartbeat", []pluginapi.KVThread{{Role: pluginapi.ThreadHeartbeat, Function: "heartbeat_checker"}}, ModeAuto, 0, ""},
 		{"restart off", threadsOf(2, 1), ModeOff, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
