@@ -292,7 +292,9 @@
 //     the room (disaggregation/nixl/conn.py). No _send_failed is read, poll() ignores
 //     conclude_state and a max()-only update_status ignores Failed: nothing
 //     releases a pin. The plugin lists no lever, says why in lever_note and
-//     answers 501 unsupported.
+//     answers 501 unsupported. A transfer that fails makes poll() raise
+//     "KVSender transfer encountered an error." into the scheduler's pass:
+//     the server goes down, as in LeversEarly.
 //   - LeversEarly: releases before the abort lever (about v0.4.5, older
 //     than every release the conformance harness loads): the scheduler's
 //     Failed branch raises. The plugin lists no

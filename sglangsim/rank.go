@@ -861,7 +861,11 @@ func (r *rank) pollInflight(s *Sim, now time.Time) (crashed bool) {
 			peer.local, peer.lastPoll = pp, pp
 			p = min(p, pp)
 		}
-		if p == pollFailed && s.opts.LeverEra == LeversEarly {
+		if p == pollFailed && (s.opts.LeverEra == LeversEarly || s.opts.LeverEra == LeversNIXLMid2025 && !q.fake) {
+			// Mid-2025 NIXL (v0.4.6 to v0.5.11, disaggregation/nixl/conn.py):
+			// NixlKVSender.poll() raises "KVSender transfer encountered an
+			// error." on a failed transfer instead of returning Failed, and
+			// the exception escapes the scheduler's pass.
 			return true
 		}
 		sd.lastPoll = p

@@ -445,3 +445,22 @@ func TestDecodeHold(t *testing.T) {
 		t.Fatalf("with a 1 min timeout: %+v", r)
 	}
 }
+
+// TestLeverEraNIXLMid2025TransferFailureCrashes: there a failed transfer
+// makes NixlKVSender.poll() raise into the scheduler's pass (SGLang v0.4.6
+// to v0.5.11, disaggregation/nixl/conn.py, as the conformance suite's
+// test_inferred plays it), so the server goes down; it is not a clean
+// release.
+func TestLeverEraNIXLMid2025TransferFailureCrashes(t *testing.T) {
+	s, c := newSim(t, Options{LeverEra: LeversNIXLMid2025, Backend: BackendNIXL})
+	run(s, c, time.Second, 100*time.Millisecond)
+	rid, _ := s.Submit(RequestSpec{Behavior: BehaviorTransferFail, Transfer: time.Second})
+	run(s, c, 2*time.Second, 100*time.Millisecond)
+	if !s.Booting() {
+		t.Fatal("a failed transfer was released cleanly: mid-2025 NIXL's poll() raises")
+	}
+	run(s, c, DefaultBootTime, time.Second)
+	if r := recordOf(t, s, rid); r.Outcome != OutcomeRestarted {
+		t.Fatalf("record %+v", r)
+	}
+}
