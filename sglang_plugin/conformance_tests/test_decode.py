@@ -346,8 +346,8 @@ class _Backend(aftermath.Checked):
                             hits.append(os.path.relpath(os.path.join(folder, name), root))
         manager = self.bench.decode_mgr
         if hits or hasattr(manager, "enable_deferred_decode_kv_release"):
-            self.skipTest(f"this release has deferred decode KV release ({', '.join(hits)}): its on/off scenarios "
-                          "are not written yet")
+            self.skipTest(f"this release has deferred decode KV release ({', '.join(hits)}): test_deferred.py plays "
+                          "it on and off")
         self.assertFalse(hasattr(manager, "register_deferred_abort_room"))
         self.assertIsNone(self.server["deferred_release"], "the plugin claims a deferred release SGLang lacks")
 

@@ -265,13 +265,16 @@ class DecodeBench(bench_module.Bench):
         return req
 
     def admit(self, room, behaviour=transports.COMPLETE, chunks=1, rid=None):
-        """A request whose pages were allocated and sent to prefill, handed to the transfer queue; prefill then sends."""
+        """A request whose pages were allocated and sent to prefill, handed to the transfer queue; prefill then sends.
+
+        ``chunks=0``: prefill sends nothing yet (its forward pass still runs), so no chunk of the room is in flight."""
         decode_req, link = self.prepare(room, behaviour, rid)
         req = decode_req.req
         with self._lock:
             self._pending.append(("transfer", decode_req))
         sch._until(lambda: self.listed(req.rid) is not None, 10, f"{req.rid} to be listed")
-        link.send(chunks)
+        if chunks:
+            link.send(chunks)
         return req
 
     def prepare(self, room, behaviour=transports.COMPLETE, rid=None):
