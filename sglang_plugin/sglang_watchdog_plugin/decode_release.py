@@ -18,11 +18,14 @@ def deferred_release(manager, env=None):
     """Whether SGLang's decode transfer queue will hold a released request's pages until prefill acks that its
     writes drained (deferred decode KV release); None where this SGLang has no such thing.
 
-    No release up to v0.5.18 has it (no ``enable_deferred_decode_kv_release`` on the managers). Where later
-    code has it, the manager's flag alone does not decide: the transfer queue reads SGLang's own setting
-    (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``, off by default upstream) while Mooncake's manager
-    forces its own flag on, and a manager class may say it cannot ack a drain
-    (``supports_deferred_decode_kv_release``). So it is on only when the flag, the class and the setting all
+    No release up to v0.5.18 has it (no ``enable_deferred_decode_kv_release`` on the managers). In upstream
+    main (2026-08-23) the manager's flag (``CommonKVManager.__init__``, disaggregation/common/conn.py) and the
+    transfer queue's hold (``DecodeTransferQueue.enable_deferred_kv_release``, disaggregation/decode.py) both
+    read SGLang's setting (``SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE``, off by default) when built,
+    so flag and setting agree; conformance_tests/test_deferred.py plays it on and off. The rule still asks the
+    setting and a class opt-out (``supports_deferred_decode_kv_release``) as well as the flag, against a
+    manager whose flag says on while the transfer queue frees at once (issue 18 point 6 describes such earlier
+    upstream code; that snapshot has neither). So it is on only when the flag, the class and the setting all
     say so; a setting that cannot be read counts as off, under which a release frees the pages at once.
     """
     value = getattr(manager, "enable_deferred_decode_kv_release", None)
