@@ -90,8 +90,9 @@ def _serves(target, manager):
 
 
 def listing(threads):
-    """The listing's ``kv_threads``: None while nothing was looked for."""
-    return None if threads is None else [t.json() for t in threads]
+    """The listing's ``kv_threads``: None while no thread of the manager is known (none looked for, or none
+    found: a manager whose threads are not SGLang's), which the watchdog reads as unknown, never as dead."""
+    return [t.json() for t in threads] if threads else None
 
 
 def dead(threads):

@@ -69,8 +69,9 @@ class FindTest(unittest.TestCase):
         self.addCleanup(lambda: (other.stop.set(), other.transfer_queues[0].put(None)))
         self.assertEqual(len(kv_threads.find(self.manager)), 3)
 
-    def test_nothing_looked_for_is_null(self):
+    def test_nothing_known_is_null(self):
         self.assertIsNone(kv_threads.listing(None))
+        self.assertIsNone(kv_threads.listing(()))
         self.assertEqual(kv_threads.find(None), ())
 
 
