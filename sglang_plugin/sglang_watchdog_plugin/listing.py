@@ -45,8 +45,10 @@ class Listing:
             "server": server,
             "now_unix": time.time(),
             "loop": {"iterations": self.iterations, "last_iteration_unix": self.last_iteration_unix},
-            "kv_threads": kv_threads.listing(self.kv_threads),
         }
+        threads = kv_threads.listing(self.kv_threads)
+        if threads is not None:  # absent while none is known, as the Go writers of the listing leave it
+            body["kv_threads"] = threads
         body.update(self._queues_json(snapshot, now, peer_view))
         return body
 
