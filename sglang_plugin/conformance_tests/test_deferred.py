@@ -39,6 +39,8 @@ from sglang_watchdog_plugin import decode
 from sglang_watchdog_plugin.conformance import aftermath, decode_bench, runtime, transports
 from sglang_watchdog_plugin.conformance.scheduler import _until
 
+from . import test_decode
+
 SETTING = decode.DEFERRED_SETTING
 TIMEOUT_SETTING = SETTING + "_TIMEOUT"
 # The ack scenes: a hold that ends by the timeout (SGLang's default 30 s) instead of the ack would fail them.
@@ -51,12 +53,9 @@ _rooms = iter(range(200000, 240000))
 
 def setUpModule():
     global _RT
-    if not os.environ.get("SGLANG_SRC"):
-        import importlib.util
-
-        if importlib.util.find_spec("sglang") is None:
-            raise unittest.SkipTest("no SGLang source (SGLANG_SRC) and no installed sglang: nothing to run on")
-    _RT = runtime.Runtime()
+    if test_decode._RT is None:
+        test_decode.setUpModule()
+    _RT = test_decode._RT
 
 
 def absent_reason(backend):
