@@ -14,7 +14,14 @@ threads), the check asks three things:
   server and the prefill bootstrap thread, its KV sent, the receiver at
   ``Success``, and the scheduler releasing it as SGLang does (prefill: out
   of the inflight queue with a length finish; decode: admitted to the
-  waiting queue).
+  waiting queue);
+* no lever freed pages under a handle still moving (the page ledger,
+  transports.py): a transfer that reads (prefill) or writes (decode) pages
+  SGLang handed back, because the plugin's order released the request, while
+  it still moved bytes. Pages freed by a lever under a hung handle are the
+  remedy for that handle, and pages SGLang frees under outstanding handles on
+  its own (its abort, its failure branch) are stock behaviour: both are
+  counted and printed, never a problem.
 
 The scene's faults are lifted first (hung handles end, links at full
 speed), as a link that recovers would lift them: what is checked is what the
@@ -26,6 +33,7 @@ import threading
 import time
 
 from .. import kv_threads
+from ..orders import DEFAULT_REASON
 from . import transports
 
 # Time for the new request: milliseconds on a healthy bench; generous for three releases side by side on 2 cores.
@@ -77,9 +85,28 @@ class Before:
                 continue
             seen.add(id(manager))
             self.threads.extend((type(manager).__name__, t) for t in kv_threads.find(manager))
+            _watch_orders(manager)
         with _lock:
             self.mark = len(_escaped)
         self.pass_errors = [len(stage.errors) for stage in self.stages]
+        self.ledger_mark = transports.ledger.mark()
+
+
+def _watch_orders(manager):
+    """Tells the page ledger which rooms the plugin's orders fail: the plugin records its reason with the
+    manager's ``record_failure`` (SGLang's own failures record theirs there too, with other reasons). Calls
+    through; once per manager."""
+    record = getattr(manager, "record_failure", None)
+    if record is None or getattr(record, "ledger_watched", False):
+        return
+
+    def record_failure(room, reason, *args, **kwargs):
+        if str(reason).startswith(DEFAULT_REASON):
+            transports.ledger.order_seen(room)
+        return record(room, reason, *args, **kwargs)
+
+    record_failure.ledger_watched = True
+    manager.record_failure = record_failure
 
 
 def _managers(bench):
@@ -97,12 +124,13 @@ def dead_threads(before):
             for manager, t in before.threads if not t.thread.is_alive()]
 
 
-def check(before, serve=True):
+def check(before, serve=True, what=None):
     """The aftermath's problems, in words; [] when SGLang is as it was and serves.
 
     Threads and exceptions are read after the new request, so that what an
     action set off on SGLang's threads (a frame on the way to prefill) has
-    happened by then.
+    happened by then. The scene's frees under outstanding handles are printed
+    (``conformance: ledger:``), named ``what``.
     """
     problems = []
     if serve:
@@ -116,11 +144,22 @@ def check(before, serve=True):
                  for name, e in escaped_since(before.mark)]
     for stage, mark in zip(before.stages, before.pass_errors):
         problems += [f"SGLang's scheduler pass raised: {type(e).__name__}: {e}" for e in stage.errors[mark:]]
-    return problems
+    return problems + ledger_problems(before, what)
+
+
+def ledger_problems(before, what=None):
+    """The page ledger's verdict on the scene: a problem per lever free under a handle still moving. Prints the
+    scene's counts when any free was under an outstanding handle."""
+    frees, reused = transports.ledger.since(before.ledger_mark)
+    if any(f.live or f.stuck for f in frees) or reused:
+        print(f"\nconformance: ledger: {what or 'a scene'}: "
+              f"{transports.describe_counts(transports.ledger_counts(frees, reused))}", flush=True)
+    return [f"a lever freed pages under an outstanding handle that was still progressing: {f.describe()}"
+            for f in frees if f.live and f.by_lever]
 
 
 def assert_serves(testcase, before, what="the scene"):
-    problems = check(before)
+    problems = check(before, what=what)
     if problems:
         testcase.fail(f"after {what}, SGLang is worse than before: " + "; ".join(problems))
 
@@ -215,7 +254,7 @@ class Checked:
         before, self._aftermath = self._aftermath, None
         what = what or self.id().rsplit(".", 1)[-1]
         if self._unserved is not None:
-            problems = check(before, serve=False)
+            problems = check(before, serve=False, what=what)
             if problems:
                 self.fail(f"after {what}, SGLang is worse than before: " + "; ".join(problems))
             return

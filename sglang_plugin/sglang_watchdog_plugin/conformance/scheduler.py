@@ -23,15 +23,20 @@ from . import transports
 
 
 class TreeCache:
-    """Stands in for the radix tree: what SGLang's release path hands back, and when."""
+    """Stands in for the radix tree: what SGLang's release path hands back, and when (told to the page ledger)."""
 
-    def __init__(self):
+    def __init__(self, side="prefill", scheduler=None):
         self.released = []  # rids, in order
         self.lock = threading.Lock()
+        self.side = side
+        self.scheduler = scheduler  # whose rank (in a TP group) the freed pages are
 
     def cache_finished_req(self, req, *args, **kwargs):
         with self.lock:
             self.released.append(req.rid)
+        s = self.scheduler
+        rank = getattr(s, "tp_rank", None) if getattr(s, "tp_size", 1) > 1 else None
+        transports.ledger.freed(self.side, req, getattr(s, "transfer_backend", None), rank)
         req.req_pool_idx = None
         if hasattr(req, "kv"):
             req.kv = None
@@ -85,6 +90,9 @@ class Link:
         transports.fabric.claim(room, args.kv_data_ptrs[0] + slot * pages * item, pages * item, rank=rank)
         transports.fabric.claim(room, args.aux_data_ptrs[0] + slot * args.aux_item_lens[0], args.aux_item_lens[0],
                                 aux=True, rank=rank)
+        # The page ledger: decode pages are the pool's (its manager's) pages this receiver gives prefill.
+        self.rank, self.pool = rank, id(decode_mgr)
+        transports.ledger.owns("decode", room, ((self.pool, int(p)) for p in self.kv_indices), rank)
 
     def bootstrap(self, timeout=10.0):
         """What decode's prealloc does: fetch the prefill's layout, then send the destination pages."""
@@ -107,6 +115,13 @@ class Link:
         init(*[self.pages, self.aux_index][: len(params)])
         per = max(1, self.pages // chunks)
         transports.fabric.chunk_pages(self.room, [min(per, self.pages - start) for start in range(0, self.pages, per)])
+        # The page ledger: each chunk reads its slice of the request's prefill pages and writes the same slice of
+        # the decode pages the receiver gave.
+        transports.ledger.owns("prefill", self.room, range(self.pages), self.rank)
+        transports.fabric.chunk_indices(self.room, [
+            (range(start, min(self.pages, start + per)),
+             [(self.pool, int(p)) for p in self.kv_indices[start:start + per]]) for start in range(0, self.pages, per)],
+            self.rank)
         # Earliest releases: send(kv_indices, index_slice, is_last), the page slice and the last-chunk flag
         # given by the caller (send_kv_chunk) rather than counted by the sender.
         sliced = "index_slice" in inspect.signature(self.sender.send).parameters
@@ -168,7 +183,7 @@ def _common(s, rt, backend, mode):
     for key, value in ranks.items():
         setattr(s, key, value)
     s.attn_tp_cpu_group = s.attn_cp_cpu_group = s.tp_cpu_group = rt.group
-    s.tree_cache = TreeCache()
+    s.tree_cache = TreeCache("prefill" if mode == rt.Mode.PREFILL else "decode", s)
     s.token_to_kv_pool_allocator = types.SimpleNamespace(page_size=1, free=lambda *a, **k: None)
     s.streamed = []
     s.output_streamer = types.SimpleNamespace(stream_output=lambda reqs, *a, **k: _record_stream(s, reqs))

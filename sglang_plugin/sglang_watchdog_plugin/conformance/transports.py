@@ -39,6 +39,15 @@ started after it, as a link that slows down or recovers.
 
 The fabric records every transfer it was asked for (room, chunk kind,
 start, end), which is how tests tell a chunk in flight from one settled.
+
+The page ledger (``ledger``) adds what each KV transfer touches: the prefill
+pages it reads and the decode pages it writes (told by the bench per chunk,
+``chunk_indices``), and every time SGLang's release path hands a request's
+pages back (the tree cache stand-ins call ``ledger.freed``), which posted
+handles over those pages were still outstanding then: stuck (``HANG``) or
+still moving. A free is a lever's when the plugin's order failed the room
+(its failure record or the request's abort message carries the plugin's
+reason), else SGLang's own.
 """
 
 import itertools
@@ -48,6 +57,7 @@ import time
 import traceback
 import types
 
+from ..orders import DEFAULT_REASON
 from .loader import install_module
 
 COMPLETE = "complete"
@@ -70,25 +80,41 @@ def raising(exception):
 class Transfer:
     """One transfer the fabric was asked for."""
 
-    def __init__(self, room, notif, behaviour, link_seconds=0.0, rank=None):
+    def __init__(self, room, notif, behaviour, link_seconds=0.0, rank=None, aux=False, reads=(), writes=()):
         self.room = room
         self.rank = rank  # the prefill rank whose share this is, where its destination was tagged
         self.notif = notif
         self.behaviour = behaviour
         self.link_seconds = link_seconds  # the page count times the link's seconds per page
+        self.aux = aux
+        self.reads = frozenset(reads)  # prefill pages of the room this KV transfer reads
+        self.writes = frozenset(writes)  # (decode pool, page) this KV transfer writes
         self.started = time.monotonic()
         self.ended = None
         self.state = "PROC"
 
-    def settle(self, now):
-        if self.ended is not None:
-            return self.state
+    def _plan(self):
+        """(kind, seconds) of a transfer that is not hung."""
         behaviour = self.behaviour
-        if behaviour == HANG:
-            return self.state
         kind, seconds = behaviour if isinstance(behaviour, tuple) else (behaviour, 0.0)
         if kind == "raise":
             kind, seconds = FAIL, 0.0
+        return kind, seconds
+
+    def outstanding(self, now):
+        """Whether the transfer still holds its pages at ``now``: hung, or not yet due, and not settled."""
+        if self.ended is not None:
+            return False
+        if self.behaviour == HANG:
+            return True
+        return now - self.started < self._plan()[1] + self.link_seconds
+
+    def settle(self, now):
+        if self.ended is not None:
+            return self.state
+        if self.behaviour == HANG:
+            return self.state
+        kind, seconds = self._plan()
         if now - self.started >= seconds + self.link_seconds:
             self.state, self.ended = ("ERR" if kind in (FAIL, "fail") else "DONE"), now
             if self.state == "DONE":
@@ -115,6 +141,7 @@ class Fabric:
         self.destination_speeds = {}  # decode destination (NIXL agent, Mooncake session) -> seconds per KV page
         self.queue_of = lambda room: None  # set by the bench: the transfer queue a room's chunks go to
         self.landing = {}  # room -> fn(room), called when a transfer of the room is done (on_landed)
+        self.indices = {}  # room or (room, rank) -> [(prefill pages read, decode pages written)] per KV chunk
 
     def plan(self, room, behaviour, rank=None):
         """What the room's transfers do; with ``rank``, only the transfers of that rank's share."""
@@ -145,6 +172,12 @@ class Fabric:
     def chunk_pages(self, room, pages):
         with self.lock:
             self.pages[int(room)] = list(pages)
+
+    def chunk_indices(self, room, chunks, rank=None):
+        """The pages each KV chunk of the room (of one rank's share) reads on prefill and writes on decode, in
+        the order its worker posts them: [(prefill pages, decode (pool, page)s)]."""
+        with self.lock:
+            self.indices[int(room) if rank is None else (int(room), int(rank))] = list(chunks)
 
     def link_speed(self, seconds_per_page, queue=None):
         """Seconds per KV page for one transfer queue's transfers, or every queue's (None)."""
@@ -187,6 +220,7 @@ class Fabric:
             if rank is None and agent is not None:
                 rank = self.agent_ranks.get(agent)
             behaviour, link_seconds = self.rank_plans.get((room, rank), self.plans.get(room, self.default)), 0.0
+            reads = writes = ()
             if not aux:
                 # Chunks are counted per rank: each rank's worker posts its own share of every chunk.
                 key = room if rank is None else (room, rank)
@@ -197,13 +231,16 @@ class Fabric:
                 if speed is None:
                     speed = self.speeds.get(queue, self.speeds.get(None, 0.0))
                 link_seconds = speed * (pages[min(index, len(pages) - 1)] if pages else 0)
+                chunks = self.indices.get(key, self.indices.get(room))
+                if chunks:
+                    reads, writes = chunks[min(index, len(chunks) - 1)]
                 if isinstance(behaviour, list):
                     behaviour = behaviour[min(index, len(behaviour) - 1)]
             elif isinstance(behaviour, list) or self.posted.get(room if rank is None else (room, rank)):
                 # A chunk's time is its KV's: Mooncake posts the aux after the KV on the same worker, which
                 # would count a slow plan twice. Only an aux-only transfer (no KV posted) follows the plan.
                 behaviour = COMPLETE
-            transfer = Transfer(room, notif, behaviour, link_seconds, rank)
+            transfer = Transfer(room, notif, behaviour, link_seconds, rank, aux, reads, writes)
             self.transfers.append(transfer)
             return transfer
 
@@ -245,6 +282,145 @@ class Fabric:
 
 
 fabric = Fabric()
+
+
+class Free:
+    """One hand-back of a request's pages by SGLang's release path, and the KV handles over them at that moment.
+
+    ``live``: pages under a handle still moving (not due yet); ``stuck``: pages
+    under a hung one only.
+    """
+
+    def __init__(self, side, room, rid, backend, req, pages, live, stuck, moving, ordered):
+        self.side, self.room, self.rid, self.backend, self.req = side, room, rid, backend, req
+        self.pages, self.live, self.stuck = pages, live, stuck
+        self.moving = moving  # the plans of the moving handles, as they were (a heal later ends hung ones)
+        self.ordered = ordered  # the plugin's order had failed the room (its failure record) by then
+
+    @property
+    def by_lever(self):
+        """The plugin's order released the request; else SGLang's own failure, abort or success did. Where a
+        backend keeps no failure records, the plugin's reason is in the abort message SGLang set."""
+        if self.ordered:
+            return True
+        reason = getattr(self.req, "finished_reason", None)
+        return DEFAULT_REASON in str(getattr(reason, "message", "") or "")
+
+    def describe(self):
+        return (f"{self.side} room {self.room} ({self.rid}): {len(self.live)} of its {len(self.pages)} pages under "
+                f"{len(self.moving)} moving handle(s) ({', '.join(sorted(set(self.moving)))})")
+
+
+class Ledger:
+    """The pages each request owns on each side, and every free of them by SGLang's release path.
+
+    Prefill pages are the request's own KV pages, numbered within it (the
+    bench gives each request its own prefill KV: no prefill page is shared or
+    reused). Decode pages are (decode pool, page), the pages the receiver gave
+    prefill; the decode bench reuses them when SGLang reuses the metadata slot,
+    and a reuse while a handle still writes them is recorded (``reused``).
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pages = {}  # (side, room, rank) -> the request's pages on that side
+        self.frees = []
+        self.reused = []  # (room, the earlier room whose handle still wrote its new pages, hung?) per request
+        self.ordered = set()  # rooms the plugin's order failed (seen in the manager's failure record)
+        self._freed_decode = {}  # decode (pool, page) -> the room whose free handed it back last
+
+    def owns(self, side, room, pages, rank=None):
+        """The request's pages on one side (a link's); on decode, a reuse under a handle still writing is noted."""
+        pages = frozenset(pages)
+        now = time.monotonic()
+        with self.lock:
+            self.pages[(side, int(room), rank)] = pages
+            earlier = {self._freed_decode.pop(page) for page in pages if page in self._freed_decode} \
+                if side == "decode" else set()
+        for other in earlier - {int(room)}:
+            for t in fabric.of_room(other):
+                if not t.aux and t.writes & pages and t.outstanding(now):
+                    with self.lock:
+                        self.reused.append((int(room), other, t.behaviour == HANG))
+                    break
+
+    def order_seen(self, room):
+        with self.lock:
+            self.ordered.add(int(room))
+
+    def freed(self, side, req, backend=None, rank=None):
+        """SGLang's release path handed the request's pages back (``cache_finished_req``), on this side/rank."""
+        room = getattr(req, "bootstrap_room", None)
+        if room is None:
+            return
+        room = int(room)
+        with self.lock:
+            pages = self.pages.get((side, room, rank)) or self.pages.get((side, room, None))
+            ordered = room in self.ordered
+        if not pages:  # a request with no link here (a health check on a fake sender): no transfer reads it
+            return
+        now = time.monotonic()
+        live, stuck, moving = set(), set(), []
+        for t in fabric.of_room(room):
+            if t.aux or (rank is not None and t.rank not in (None, rank)) or not t.outstanding(now):
+                continue
+            over = pages & (t.reads if side == "prefill" else t.writes)
+            if over:
+                if t.behaviour == HANG:
+                    stuck.update(over)
+                else:
+                    live.update(over)
+                    moving.append(_plan_words(t))
+        free = Free(side, room, getattr(req, "rid", None), backend, req, pages, live, stuck - live, moving, ordered)
+        with self.lock:
+            self.frees.append(free)
+            if side == "decode":
+                self._freed_decode.update((page, room) for page in pages)
+
+    def mark(self):
+        with self.lock:
+            return len(self.frees), len(self.reused)
+
+    def since(self, mark):
+        """(frees, reuses) since a mark."""
+        with self.lock:
+            return self.frees[mark[0]:], self.reused[mark[1]:]
+
+
+def _plan_words(transfer):
+    kind, seconds = transfer._plan()
+    link = f" + link {transfer.link_seconds:g}s" if transfer.link_seconds else ""
+    return f"{kind} {seconds:g}s{link}"
+
+
+def ledger_counts(frees, reused=()):
+    """Pages freed under outstanding handles, per side: by a lever under a live / a stuck handle, by SGLang."""
+    counts, zero = {}, {"lever_live": 0, "lever_stuck": 0, "stock": 0, "frees": 0}
+    for free in frees:
+        c = counts.setdefault(free.side, dict(zero))
+        c["frees"] += 1
+        if free.by_lever:
+            c["lever_live"] += len(free.live)
+            c["lever_stuck"] += len(free.stuck)
+        else:
+            c["stock"] += len(free.live) + len(free.stuck)
+    if reused:
+        counts.setdefault("decode", dict(zero))["reused"] = len(reused)
+    return counts
+
+
+def describe_counts(counts):
+    """The counts in words, one clause per side."""
+    def clause(side, c):
+        reused = f", {c['reused']} requests given pages a handle still wrote" if "reused" in c else ""
+        return (f"{side} pages freed under a live handle by a lever {c['lever_live']}, under a stuck handle by a "
+                f"lever (the remedy) {c['lever_stuck']}, under an outstanding handle by SGLang itself {c['stock']} "
+                f"({c['frees']} frees in all{reused})")
+
+    return "; ".join(clause(side, c) for side, c in sorted(counts.items())) or "no frees"
+
+
+ledger = Ledger()
 
 _ROOM = re.compile(rb"^(\d+)")
 
