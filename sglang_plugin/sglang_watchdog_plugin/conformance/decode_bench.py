@@ -325,7 +325,7 @@ class DecodeBench(bench_module.Bench):
         body = {"rid": req.rid, "bootstrap_room": req.bootstrap_room, "reason": "conformance", "dry_run": dry_run}
         if prefill_stopped is not None:
             body["prefill_stopped"] = prefill_stopped
-        return self.post("/admin/force_fail", body)
+        return self.ordered(req, body)
 
 
 def _runtime_dtypes(torch):

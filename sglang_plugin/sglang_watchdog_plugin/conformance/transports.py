@@ -348,6 +348,10 @@ class Ledger:
         with self.lock:
             self.ordered.add(int(room))
 
+    def order_refused(self, room):
+        with self.lock:
+            self.ordered.discard(int(room))
+
     def freed(self, side, req, backend=None, rank=None):
         """SGLang's release path handed the request's pages back (``cache_finished_req``), on this side/rank."""
         room = getattr(req, "bootstrap_room", None)
