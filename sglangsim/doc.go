@@ -50,7 +50,9 @@
 // (this is when the scheduler logs stats and rewrites the PD queue gauges),
 // and enters the inflight queue, where the sender is first WaitingForInput
 // (until its transfer worker picks the room up), then Transferring (the
-// worker sends its chunks), then Success. Every pass polls the inflight
+// worker sends its chunks) on NIXL v0.5.18, whose worker writes it; on
+// Mooncake and mid-2025 NIXL, which never write it, WaitingForInput until
+// Success (mooncake/conn.py v0.5.11 and v0.5.18, nixl/conn.py v0.5.11). Every pass polls the inflight
 // queue (with PP, once every stage is terminal): Success releases the
 // request (prefill_transfer_kv_cache stage
 // latency, kv_transfer_* metrics, the tokenizer's num_requests_total,
@@ -171,8 +173,9 @@
 // it, waits for its handles, then takes the next, so a room is done (its
 // last chunk settled, its transfer failed, a resurrection pin's failure)
 // before the room behind it starts. A room waits in WaitingForInput, with
-// nothing in flight, until its worker picks it up, then is Transferring with
-// a chunk outstanding (NIXL _staging_outstanding) until it succeeds. So a
+// nothing in flight, until its worker picks it up, then has a chunk
+// outstanding (_staging_outstanding) until it succeeds, Transferring on
+// NIXL and still WaitingForInput on Mooncake. So a
 // slow healthy transfer holds every room behind it on its queue for as long
 // as it takes (30 s to 150 s), and a stuck handle holds them until the
 // process restarts (Pins, below). The worker waits for its handles with no
@@ -230,8 +233,9 @@
 // beyond TransferQueues, 409 wedge_cleared when the worker does not hold
 // that chunk (any standing order for the queue is dropped), 200
 // would_order for a dry run (nothing stands), else 200 ordered. The order
-// is taken under the scheduler's lock as between two passes and applied
-// at once; then every pass applies it, before the inflight poll, until it
+// is taken under the scheduler's lock as between two passes, and fails
+// nothing in its first answer: from the next pass on, every pass applies
+// it, before the inflight poll, until it
 // expires (ttl_seconds after the last call) or the worker holds another
 // chunk. It fails, with the force-fail levers, every room of the rank's
 // inflight queue bound for that queue except health checks, rooms whose
@@ -254,7 +258,8 @@
 //     was registered: the room is absent from request_status and reads
 //     WaitingForInput for ever, progress 0.
 //   - PinStuckHandle: a transfer handle stays PROC for ever: the room stays
-//     Transferring with progress frozen and its chunk outstanding, and its
+//     Transferring (WaitingForInput on Mooncake and mid-2025 NIXL) with
+//     progress frozen and its chunk outstanding, and its
 //     queue's worker is wedged until the scheduler process restarts,
 //     whatever lever is pulled on the room. Every room of that process and
 //     queue behind it (later traffic included) waits in WaitingForInput
@@ -312,7 +317,10 @@
 // destination session ports: one port per simulated endpoint, so the same
 // queue as NIXL), transfer_in_flight and orphaned_transfers (the common
 // manager's _staging_outstanding), with server.transfer_tracking true: a
-// transfer_in_flight of false then proves no chunk in flight. Mid-2025 NIXL
+// transfer_in_flight of false then proves no chunk in flight. Mooncake up
+// to v0.5.11 has worker queues but no such count
+// (Options.UntrackedTransfers): transfer_in_flight false, no
+// orphaned_transfers, server.transfer_tracking false. Mid-2025 NIXL
 // transfers synchronously and reports none of them (transfer_queue and
 // server.transfer_queues null, transfer_in_flight false, orphaned_transfers
 // empty, server.transfer_tracking false).

@@ -366,8 +366,9 @@ func TestWedgeOrderRefusals(t *testing.T) {
 }
 
 // TestWedgeOrderLifecycle: a dry run lists without failing; an order
-// fails the queue's rooms old enough at once and the young one once it is
-// old enough, each reported once by the next call; it spares health checks
+// fails the queue's rooms old enough from the next pass on (its first
+// answer lists none, as the plugin's) and the young one once it is old
+// enough, each reported once by the next call; it spares health checks
 // and other queues; it lapses without renewal and is void once the worker
 // takes another chunk.
 func TestWedgeOrderLifecycle(t *testing.T) {
@@ -384,9 +385,11 @@ func TestWedgeOrderLifecycle(t *testing.T) {
 		t.Fatal("a dry run stood or failed")
 	}
 	st, resp = w.order(req)
-	if st != 200 || resp.Result != pluginapi.ResultOrdered || resp.ExpiresInSeconds != 5 ||
-		strings.Join(rids(resp.Failed), ",") != w.pin+","+w.old || len(resp.Failed[0].Levers) != 2 {
+	if st != 200 || resp.Result != pluginapi.ResultOrdered || resp.ExpiresInSeconds != 5 || len(resp.Failed) != 0 {
 		t.Fatalf("order: %d %+v", st, resp)
+	}
+	if !recordOf(t, s, w.pin).ForcedAt.IsZero() {
+		t.Fatal("the order failed a room before the next pass")
 	}
 	// Released on the next pass; the young room, 1 s old, waits.
 	run(s, w.c, 2*time.Second, 100*time.Millisecond)
@@ -400,9 +403,12 @@ func TestWedgeOrderLifecycle(t *testing.T) {
 		!near(l.WedgeOrders[0].ExpiresInSeconds, 3) {
 		t.Fatalf("standing orders: %+v", l.WedgeOrders)
 	}
-	st, resp = w.order(req) // renewed; nothing failed since
-	if st != 200 || len(resp.Failed) != 0 {
+	st, resp = w.order(req) // renewed: the two the passes failed
+	if st != 200 || strings.Join(rids(resp.Failed), ",") != w.pin+","+w.old || len(resp.Failed[0].Levers) != 2 {
 		t.Fatalf("renewal: %d %+v", st, resp)
+	}
+	if st, resp = w.order(req); st != 200 || len(resp.Failed) != 0 { // nothing failed since
+		t.Fatalf("second renewal: %d %+v", st, resp)
 	}
 	// Renewed every 2 s, the order fails the young room once 10 s old, at
 	// a pass; the next call reports it.
@@ -432,10 +438,14 @@ func TestWedgeOrderLifecycle(t *testing.T) {
 	if l := s.Listing(0); len(l.WedgeOrders) != 0 || !recordOf(t, s, late).ForcedAt.IsZero() {
 		t.Fatalf("the order outlived its ttl: %+v", l.WedgeOrders)
 	}
-	// A fresh order with min age 0 fails the late room at once.
+	// A fresh order with min age 0 fails the late room at the next pass.
 	req.MinAgeSeconds = 0
-	if st, resp = w.order(req); st != 200 || strings.Join(rids(resp.Failed), ",") != late {
+	if st, resp = w.order(req); st != 200 || len(resp.Failed) != 0 {
 		t.Fatalf("fresh order: %d %+v", st, resp)
+	}
+	run(s, w.c, 200*time.Millisecond, 100*time.Millisecond)
+	if st, resp = w.order(req); st != 200 || strings.Join(rids(resp.Failed), ",") != late {
+		t.Fatalf("fresh order, renewed: %d %+v", st, resp)
 	}
 }
 

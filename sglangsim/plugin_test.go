@@ -241,9 +241,10 @@ func TestForceFailWithStartAndPause(t *testing.T) {
 		a, okA := room(l, pinA)
 		b, okB := room(l, pinB)
 		// The listing's progress stands still; the resurrected room has no
-		// chunk in flight, the stuck handle one for ever.
+		// chunk in flight, the stuck handle one for ever (WaitingForInput:
+		// Mooncake's manager never writes Transferring).
 		return okA && okB && a.Poll == pluginapi.PollTransferring && !*a.TransferInFlight &&
-			b.Poll == pluginapi.PollTransferring && *b.TransferInFlight
+			b.Poll == pluginapi.PollWaitingForInput && *b.TransferInFlight
 	})
 	srv := httptest.NewServer(s.PluginHandler(0))
 	defer srv.Close()
@@ -283,7 +284,7 @@ func TestForceFailWithStartAndPause(t *testing.T) {
 	c.Advance(time.Second)
 	waitFor(t, "loop resumed", func() bool { return s.Listing(0).Loop.Iterations > before+20 })
 	rq, ok := room(s.Listing(0), pinB)
-	if !ok || rq.SendFailed || rq.Poll != pluginapi.PollTransferring {
+	if !ok || rq.SendFailed || rq.Poll != pluginapi.PollWaitingForInput {
 		t.Fatalf("withdrawn order was applied: %+v %v", rq, ok)
 	}
 	if r := recordOf(t, s, pinB); !r.ForcedAt.IsZero() || r.Outcome != OutcomeInflight {

@@ -91,6 +91,10 @@ type request struct {
 	// workerProgress: the listing shows the worker's chunks instead (the
 	// parity scene only, to match the Python stand-in's hand-set progress).
 	workerProgress bool
+	// setTransferring: the room's status reads Transferring while its
+	// chunks are sent, whatever the backend (the parity scene only: the
+	// Python stand-in's senders are set to it by hand).
+	setTransferring bool
 }
 
 // healthCheck is how the plugin recognises SGLang's own requests: the fake
@@ -929,6 +933,9 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		return pollFailed, true
 	}
 	if sd.frozen {
+		if q.behavior == BehaviorPinStuckHandle {
+			return s.sending(q), true
+		}
 		return pollTransferring, true
 	}
 	if !sd.started || sd.work < q.pickup {
@@ -943,7 +950,7 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		// Its worker died between two of its chunks (KillTransferWorker):
 		// none is outstanding, and none ever will be.
 		sd.outstanding = 0
-		return pollTransferring, true
+		return s.sending(q), true
 	}
 	p := int64((sd.work - q.pickup) / q.chunkEvery)
 	if sd.pinned && q.freezeAt >= 0 && p >= q.freezeAt {
@@ -962,7 +969,21 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 	}
 	sd.progress = max(sd.progress, p)
 	sd.outstanding = 1
-	return pollTransferring, true
+	return s.sending(q), true
+}
+
+// sending is what check_status reads while a room's chunks are being sent
+// (or held by a stuck handle): NIXL v0.5.18's transfer worker writes
+// Transferring as it takes a room's chunk (disaggregation/nixl/conn.py);
+// Mooncake's managers (v0.5.11, v0.5.18: mooncake/conn.py) and mid-2025
+// NIXL's (v0.5.11: nixl/conn.py, whose poll() reads its handles once sent)
+// never write it, so the room reads WaitingForInput until Success. Shown
+// with SGLang's own code by e2e/parity_fields_test.go.
+func (s *Sim) sending(q *request) kvPoll {
+	if q.setTransferring || s.opts.Backend == BackendNIXL && s.opts.LeverEra != LeversNIXLMid2025 {
+		return pollTransferring
+	}
+	return pollWaitingForInput
 }
 
 // enqueue puts sd's room on its queue's worker: the scheduler handed its
@@ -1360,16 +1381,23 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	}
 	// transfer_in_flight below is read from that count exactly where it
 	// exists, so the listing can say a false proves no chunk in flight.
-	srv.TransferTracking = &queues
+	tracking := queues && !s.opts.UntrackedTransfers
+	srv.TransferTracking = &tracking
 	// Every rank of the attention-TP group sends; the leader reads its own
 	// manager and every peer it watches (docs/plugin-api.md, round 5).
 	// LeaderOnlyView lists what the watchdog read through round 4: the
 	// leader as the only writer.
 	peers := r.watchedPeers(s)
 	switch {
-	case s.opts.AttnTP == 1 || s.opts.LeaderOnlyView:
+	case s.opts.LeaderOnlyView:
 		srv.TransferRanks, srv.TransferRanksWatched = intPtr(1), intPtr(1)
-	case queues:
+	case s.opts.AttnTP == 1:
+		// A rank is watched only where its manager keeps the count.
+		srv.TransferRanks, srv.TransferRanksWatched = intPtr(1), intPtr(0)
+		if tracking {
+			srv.TransferRanksWatched = intPtr(1)
+		}
+	case tracking:
 		srv.TransferRanks, srv.TransferRanksWatched = intPtr(s.opts.AttnTP), intPtr(1+len(peers))
 	default:
 		// No manager keeps the count: nobody is watched.
@@ -1429,9 +1457,9 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 			SendFailed: nixl && !q.fake && sd.sendFailed, HealthCheck: q.healthCheck(),
 		}
 		// The fake sender has no KV manager queue.
-		inFlight := queues && !q.fake && sd.outstanding > 0
+		inFlight := tracking && !q.fake && sd.outstanding > 0
 		for _, peer := range q.tp[r.pp][1 : 1+len(peers)] {
-			inFlight = inFlight || (queues && !q.fake && peer.outstanding > 0)
+			inFlight = inFlight || (tracking && !q.fake && peer.outstanding > 0)
 		}
 		rm.TransferInFlight = &inFlight
 		if queues && !q.fake {
@@ -1449,7 +1477,7 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		}
 		l.Inflight[i] = rm
 	}
-	if queues {
+	if tracking {
 		at := map[uint64]int{} // room -> its entry
 		for _, o := range r.orphans {
 			if o.until.IsZero() || o.until.After(now) {
@@ -1541,7 +1569,7 @@ func (g *group) parity(s *Sim, now time.Time) {
 		q.addr = addr
 		q.waitingSince = entered
 		q.entered = entered
-		q.workerProgress = true
+		q.workerProgress, q.setTransferring = true, true
 		for _, r := range g.stages {
 			for _, sd := range q.tp[r.pp] {
 				r.enqueue(sd, entered)

@@ -199,6 +199,13 @@ type Options struct {
 	// server.transfer_progress, transfer_workers, wedge_orders nor
 	// chunks_queued, and no /admin/wedge_order (404).
 	PreRound4Plugin bool
+	// UntrackedTransfers: the prefill KV manager keeps no count of each
+	// room's outstanding chunks (_staging_outstanding), as Mooncake's
+	// before v0.5.18 (v0.5.11: mooncake/conn.py, disaggregation/common/conn.py).
+	// Its transfer workers serve the queues as before; the plugin lists
+	// transfer_tracking false, transfer_ranks_watched 0, transfer_in_flight
+	// false and no orphaned_transfers. Mid-2025 NIXL implies it.
+	UntrackedTransfers bool
 	// AttnTP is the attention-TP group size of every prefill (dp, pp) rank
 	// (default 1). With AttnTP > 1 each rank of the group runs its own
 	// transfer workers into its decode peer's pages: a room has one sender

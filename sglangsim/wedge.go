@@ -118,10 +118,10 @@ func wedgeAnswer(status int, result, msg string) (int, pluginapi.WedgeOrderRespo
 // transfer progress or without a lever, 404 for an unknown queue, 409
 // wedge_cleared when the worker does not hold the chunk, 200 would_order
 // for a dry run, else 200 ordered. The order is taken under the
-// scheduler's lock, as between two passes, and applied at once: the
-// answer lists the rooms it failed since the previous call for that
-// queue, this one included. From then on every pass applies it until it
-// expires or the worker takes another chunk.
+// scheduler's lock and applied from the next pass on, as the plugin's
+// scheduler thread applies it: the answer lists the rooms it failed since
+// the previous call for that queue (none on the first call). Every pass
+// applies it until it expires or the worker takes another chunk.
 func (s *Sim) WedgeOrder(rank int, req pluginapi.WedgeOrderRequest, authorization string) (int, pluginapi.WedgeOrderResponse) {
 	if !s.authorized(authorization) {
 		return wedgeAnswer(401, pluginapi.ResultUnauthorized, "a valid Authorization: Bearer token is required for /admin/*")
@@ -179,7 +179,7 @@ func (s *Sim) WedgeOrder(rank int, req pluginapi.WedgeOrderRequest, authorizatio
 		r.orders[qi] = o
 	}
 	o.expires, o.minAge = now.Add(ttl), minAge
-	failed := append(o.failed, r.wedgeFail(s, qi, minAge, now, false)...)
+	failed := o.failed
 	o.failed = nil
 	if failed == nil {
 		failed = []pluginapi.FailedRoom{}

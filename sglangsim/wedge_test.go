@@ -40,7 +40,10 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 			// moves in the inflight queue.
 			early, _ := s.Submit(RequestSpec{DecodePort: 17001, PromptTokens: 4096, Transfer: 20 * time.Second})
 			run(s, c, 6*time.Second, 100*time.Millisecond)
-			if rq := mustRoom(t, s.Listing(0), early); rq.Progress != listedProgress(backend, 4096) || rq.Poll != pluginapi.PollTransferring {
+			// A room being sent reads Transferring on NIXL, WaitingForInput
+			// on Mooncake, whose manager never writes Transferring.
+			sending := map[string]string{BackendNIXL: pluginapi.PollTransferring, BackendMooncake: pluginapi.PollWaitingForInput}[backend]
+			if rq := mustRoom(t, s.Listing(0), early); rq.Progress != listedProgress(backend, 4096) || rq.Poll != sending {
 				t.Fatalf("early room before the wedge: %+v", rq)
 			}
 			pin, pinRoom := s.Submit(RequestSpec{DecodePort: 17001, Behavior: BehaviorPinStuckHandle, Transfer: time.Second})
@@ -58,7 +61,7 @@ func TestWedgeOutlivesEveryLever(t *testing.T) {
 				t.Fatalf("the room picked up before the stuck handle: %+v", r)
 			}
 			pinQ := mustRoom(t, l, pin)
-			if pinQ.Progress != listedProgress(backend, pinQ.PromptTokens) || pinQ.Poll != pluginapi.PollTransferring || !*pinQ.TransferInFlight {
+			if pinQ.Progress != listedProgress(backend, pinQ.PromptTokens) || pinQ.Poll != sending || !*pinQ.TransferInFlight {
 				t.Fatalf("stuck handle: %+v", pinQ)
 			}
 			if *pinQ.TransferQueue != 1 {
@@ -179,5 +182,35 @@ func TestOrphanedTransferSettles(t *testing.T) {
 	run(s, c, 2*time.Second, 100*time.Millisecond)
 	if l := s.Listing(0); len(l.OrphanedTransfers) != 0 {
 		t.Fatalf("the chunk never settled: %+v", l.OrphanedTransfers)
+	}
+}
+
+// TestUntrackedTransfers: a manager without a count of each room's
+// outstanding chunks (Mooncake up to v0.5.11) still serves its queues one
+// chunk at a time, and the plugin lists the workers, but no room's chunk
+// as in flight, no orphan, and no rank watched.
+func TestUntrackedTransfers(t *testing.T) {
+	s, c := newSim(t, Options{Backend: BackendMooncake, UntrackedTransfers: true})
+	pin, pinRoom := s.Submit(RequestSpec{DecodePort: 17001, Behavior: BehaviorPinStuckHandle, FreezeAt: -1})
+	behind, _ := s.Submit(RequestSpec{DecodePort: 17001, Transfer: 100 * time.Millisecond})
+	run(s, c, 2*time.Second, 100*time.Millisecond)
+	l := s.Listing(0)
+	if *l.Server.TransferTracking || *l.Server.TransferRanksWatched != 0 || !*l.Server.TransferProgress {
+		t.Fatalf("server: %+v", l.Server)
+	}
+	if w := workerOf(t, l, 1); w.InFlight == nil || w.InFlight.BootstrapRoom != pinRoom || w.Depth != 2 { // the held chunk and the one behind
+		t.Fatalf("worker 1: %+v", w)
+	}
+	for _, rid := range []string{pin, behind} {
+		if rq := mustRoom(t, l, rid); *rq.TransferInFlight || rq.Poll != pluginapi.PollWaitingForInput {
+			t.Fatalf("%s: %+v", rid, rq)
+		}
+	}
+	if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: pin, BootstrapRoom: &pinRoom}, ""); st != 200 {
+		t.Fatalf("force-fail: %d %+v", st, resp)
+	}
+	run(s, c, time.Second, 100*time.Millisecond)
+	if l := s.Listing(0); len(l.OrphanedTransfers) != 0 || len(l.Inflight) != 1 {
+		t.Fatalf("after the force-fail: orphans %+v, rooms %+v", l.OrphanedTransfers, l.Inflight)
 	}
 }
