@@ -278,16 +278,6 @@ func (d *fieldDiffs) compareMetrics(t *testing.T, scene string, real, sim *field
 var batchCounters = map[string]bool{"sglang:realtime_tokens_total": true, "sglang:prompt_tokens_total": true,
 	"sglang:num_requests_total": true, "sglang:cached_tokens_total": true, "sglang:generation_tokens_total": true}
 
-// knownDifferences are the differences still open, by case and the start
-// of their field, with why. They are logged, not failed; one no longer
-// seen fails the test, so that the table stays true.
-var knownDifferences = map[string]string{
-	"v0.5.11/nixl|listed behind-": "mid-2025 NIXL posts each room's chunks from the scheduler thread " +
-		"(disaggregation/nixl/conn.py, v0.5.11): a hung handle holds its own room only, and the rooms after it " +
-		"complete; the simulator still queues them behind it on a serial worker",
-	"v0.5.11/nixl|queues.inflight": "the same: the two rooms behind the hung one are still in the simulator's inflight queue",
-}
-
 // serverFields are the listing's server fields the scenes compare.
 var serverFields = []string{"transfer_backend", "disaggregation_mode", "levers", "lever_note", "transfer_tracking",
 	"transfer_progress", "transfer_queues", "transfer_ranks", "transfer_ranks_watched", "tp_rank", "dp_rank", "pp_rank"}
@@ -318,32 +308,14 @@ func TestSimulatorParityFieldByField(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts SGLang's own code")
 	}
-	var all []*fieldDiffs
 	for _, c := range fieldCases {
 		src := sglangSource(t, c.release)
 		d := &fieldDiffs{c: c}
-		all = append(all, d)
-		name := strings.TrimPrefix(c.release, "sglang-") + "/" + c.backend
-		t.Run(name, func(t *testing.T) {
+		t.Run(strings.TrimPrefix(c.release, "sglang-")+"/"+c.backend, func(t *testing.T) {
 			t.Parallel()
 			fieldScenes(t, src, d)
-			seen := map[string]bool{}
-		rows:
 			for _, r := range d.rows {
-				field := strings.Split(r, " | ")[3]
-				for k, why := range knownDifferences {
-					if c, prefix, _ := strings.Cut(k, "|"); c == name && strings.HasPrefix(field, prefix) {
-						seen[k] = true
-						t.Logf("known: %s (%s)", r, why)
-						continue rows
-					}
-				}
 				t.Errorf("%s", r)
-			}
-			for k := range knownDifferences {
-				if strings.HasPrefix(k, name+"|") && !seen[k] {
-					t.Errorf("known difference %q no longer seen: drop it from knownDifferences", k)
-				}
 			}
 		})
 	}

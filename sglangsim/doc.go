@@ -262,7 +262,8 @@
 //     progress frozen and its chunk outstanding, and its
 //     queue's worker is wedged until the scheduler process restarts,
 //     whatever lever is pulled on the room. Every room of that process and
-//     queue behind it (later traffic included) waits in WaitingForInput
+//     queue behind it (later traffic included; none on mid-2025 NIXL,
+//     which has no worker queue) waits in WaitingForInput
 //     with nothing sent; the rooms ahead of it were done before it started.
 //     The waiting rooms' record kind becomes "blocked_by_wedge" (rooms
 //     waiting behind a slow healthy transfer keep their kind: they
@@ -321,7 +322,10 @@
 // to v0.5.11 has worker queues but no such count
 // (Options.UntrackedTransfers): transfer_in_flight false, no
 // orphaned_transfers, server.transfer_tracking false. Mid-2025 NIXL
-// transfers synchronously and reports none of them (transfer_queue and
+// has no transfer worker: its scheduler thread posts each chunk of a room
+// and poll() reads the room's own handles (disaggregation/nixl/conn.py,
+// v0.5.11), so each room is played on its own and a stuck handle holds
+// its room alone, none behind it. It reports none of them (transfer_queue and
 // server.transfer_queues null, transfer_in_flight false, orphaned_transfers
 // empty, server.transfer_tracking false).
 //

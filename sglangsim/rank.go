@@ -122,12 +122,18 @@ type sender struct {
 	pinned bool // the request's pin holds on this stage and TP rank
 	tp     int  // attention-TP rank; 0 is the leader
 
-	work     time.Duration // worker time spent on the room
-	started  bool          // its queue's worker took the room's first chunk
-	frozen   bool          // a pin took hold
-	blocked  bool          // waiting behind a wedged worker
-	wedging  bool          // this sender's stuck handle holds its queue's worker
-	progress int64         // chunks the worker sent (decode's view; not the listing's)
+	work    time.Duration // worker time spent on the room
+	started bool          // its queue's worker took the room's first chunk
+	frozen  bool          // a pin took hold
+	blocked bool          // waiting behind a wedged worker
+	// own: mid-2025 NIXL, whose scheduler thread posts each chunk of the
+	// room itself and whose poll() reads the room's own handles
+	// (disaggregation/nixl/conn.py, v0.5.11): the room is played on a
+	// worker of its own, and a stuck handle (ownStuck) holds no other room.
+	own      *worker
+	ownStuck *sender
+	wedging  bool  // this sender's stuck handle holds its queue's worker
+	progress int64 // chunks the worker sent (decode's view; not the listing's)
 	// outstanding is NIXL's _staging_outstanding for the room: chunks taken
 	// off the queue or posted and not settled.
 	outstanding int
@@ -774,7 +780,7 @@ func (g *group) prefillBatch(s *Sim, now time.Time) bool {
 		q.entered = now
 		for _, r := range g.stages {
 			for _, sd := range q.tp[r.pp] {
-				r.enqueue(sd, now)
+				r.enqueue(s, sd, now)
 			}
 		}
 		rc := &g.records[q.rec]
@@ -928,7 +934,11 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		// The room was never registered (SGLang v0.5.18: disaggregation/common/conn.py).
 		return pollWaitingForInput, false
 	}
-	r.run(r.xf(sd.tp), q.queue, now)
+	if sd.own != nil {
+		play(r.xf(sd.tp), sd.own, &sd.ownStuck, func() {}, now)
+	} else {
+		r.run(r.xf(sd.tp), q.queue, now)
+	}
 	if sd.statusFailed {
 		return pollFailed, true
 	}
@@ -946,7 +956,7 @@ func (r *rank) status(s *Sim, sd *sender, now time.Time) (st kvPoll, present boo
 		sd.outstanding = 0
 		return pollFailed, true
 	}
-	if q.queue >= 0 && r.xf(sd.tp).workers[q.queue].dead {
+	if sd.own == nil && q.queue >= 0 && r.xf(sd.tp).workers[q.queue].dead {
 		// Its worker died between two of its chunks (KillTransferWorker):
 		// none is outstanding, and none ever will be.
 		sd.outstanding = 0
@@ -986,12 +996,17 @@ func (s *Sim) sending(q *request) kvPoll {
 	return pollWaitingForInput
 }
 
-// enqueue puts sd's room on its queue's worker: the scheduler handed its
-// last chunk over as the request entered the inflight queue at `at`.
-func (r *rank) enqueue(sd *sender, at time.Time) {
+// enqueue puts sd's room on its queue's worker (mid-2025 NIXL: on one of
+// its own, see sender.own): the scheduler handed its last chunk over as
+// the request entered the inflight queue at `at`.
+func (r *rank) enqueue(s *Sim, sd *sender, at time.Time) {
 	q := sd.q
 	if q.fake || (sd.pinned && q.behavior == BehaviorPinAbortBeforeRegister) {
 		return // the fake sender has no queue; an unregistered room sends nothing
+	}
+	if s.opts.LeverEra == LeversNIXLMid2025 {
+		sd.own = &worker{clock: at, fifo: []*sender{sd}}
+		return
 	}
 	// The worker's time up to the hand-over belongs to the rooms queued
 	// before it (released ones included, which the worker skips): played
@@ -1572,7 +1587,7 @@ func (g *group) parity(s *Sim, now time.Time) {
 		q.workerProgress, q.setTransferring = true, true
 		for _, r := range g.stages {
 			for _, sd := range q.tp[r.pp] {
-				r.enqueue(sd, entered)
+				r.enqueue(s, sd, entered)
 				sd.local = r.poll(s, sd, now)
 			}
 			sd := q.senders[r.pp]

@@ -214,3 +214,19 @@ func TestUntrackedTransfers(t *testing.T) {
 		t.Fatalf("after the force-fail: orphans %+v, rooms %+v", l.OrphanedTransfers, l.Inflight)
 	}
 }
+
+// TestMid2025NIXLHasNoWorkerQueue: mid-2025 NIXL's scheduler thread posts
+// each room's chunks itself, so a stuck handle holds its own room only;
+// the room sent after it on the same destination completes.
+func TestMid2025NIXLHasNoWorkerQueue(t *testing.T) {
+	s, c := newSim(t, Options{LeverEra: LeversNIXLMid2025})
+	pin, _ := s.Submit(RequestSpec{DecodePort: 17001, Behavior: BehaviorPinStuckHandle, FreezeAt: -1})
+	after, _ := s.Submit(RequestSpec{DecodePort: 17001, Transfer: 100 * time.Millisecond})
+	run(s, c, 2*time.Second, 100*time.Millisecond)
+	if r := recordOf(t, s, after); r.Kind != KindHealthy || r.Outcome != OutcomeSuccess {
+		t.Fatalf("the room after the stuck handle: %+v", r)
+	}
+	if rq := mustRoom(t, s.Listing(0), pin); rq.Poll != pluginapi.PollWaitingForInput {
+		t.Fatalf("the stuck handle: %+v", rq)
+	}
+}

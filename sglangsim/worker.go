@@ -207,13 +207,18 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 	if qi < 0 {
 		return
 	}
-	w := &x.workers[qi]
+	play(x, &x.workers[qi], &x.wedge[qi], func() { r.markBehind(x, qi) }, now)
+}
+
+// play plays worker w of x up to now (see run); wedge is where its stuck
+// handle is kept, blocked marks the rooms behind one.
+func play(x *xfer, w *worker, wedge **sender, blocked func(), now time.Time) {
 	for w.clock.Before(now) {
 		if w.dying && !w.holding {
 			w.dead = true
 		}
-		if x.wedge[qi] != nil || w.dead {
-			r.markBehind(x, qi)
+		if *wedge != nil || w.dead {
+			blocked()
 			w.clock = now
 			return
 		}
@@ -264,7 +269,7 @@ func (r *rank) run(x *xfer, qi int, now time.Time) {
 			sd.frozen = true
 			sd.outstanding = 1
 			sd.wedging = true
-			x.wedge[qi] = sd
+			*wedge = sd
 			continue
 		}
 		w.finish(w.clock)
