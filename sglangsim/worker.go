@@ -453,7 +453,7 @@ func (s *Sim) KillTransferWorker(rank, queue int) error {
 	defer r.mu.Unlock()
 	now := s.clock.Now()
 	r.runWorker(queue, now)
-	w := &r.xfer.workers[queue]
+	w := &r.workers[queue]
 	w.dying = true
 	w.dead = !w.holding
 	r.markBehind(&r.xfer, queue)
@@ -469,9 +469,9 @@ func (r *rank) kvThreads(queues bool) []pluginapi.KVThread {
 	if !queues {
 		return out
 	}
-	for qi := range r.xfer.workers {
+	for qi := range r.workers {
 		out = append(out, pluginapi.KVThread{Role: pluginapi.ThreadTransferWorker, Function: "transfer_worker",
-			TransferQueue: intPtr(qi), Alive: !r.xfer.workers[qi].dead})
+			TransferQueue: intPtr(qi), Alive: !r.workers[qi].dead})
 	}
 	return out
 }
