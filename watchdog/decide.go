@@ -277,7 +277,11 @@ func stallWedges(rk *rankState, now time.Time, cfg *Config) map[int]*transferWed
 				out[r.queue] = &transferWedge{diagnosed: true, rule: wedgeInFlight, room: key.room, chunk: noChunk}
 			}
 		}
-		if !r.inFlightKnown && stuck && r.poll == "Transferring" {
+		// A room past its forward pass whose transfer has not concluded:
+		// Mooncake and NIXL up to v0.5.11 never write Transferring, their
+		// rooms read WaitingForInput for the whole transfer (the
+		// field-by-field parity test against their code).
+		if !r.inFlightKnown && stuck && (r.poll == pluginapi.PollTransferring || r.poll == pluginapi.PollWaitingForInput) {
 			suspects++
 			suspectRoom = key.room
 		}

@@ -113,29 +113,36 @@ func TestOrphanOnAMovingQueueIsNoWedge(t *testing.T) {
 	}
 }
 
+// Mooncake and NIXL up to v0.5.11 never write Transferring: their rooms
+// read WaitingForInput for the whole transfer, and are suspected alike.
 func TestWedgeSuspectedWithAnOlderPlugin(t *testing.T) {
-	p := newFakePlugin("http://127.0.0.1:28100", 0)
-	p.server.PID = 7
-	h := newMulti(t, []*fakePlugin{p}, func(c *Config) {
-		c.Mode = ModeOff
-		c.RestartMode, c.RestartMinInterval = ModeAuto, 30*time.Minute
-	})
-	p.set(room("a", 1, 0))
-	h.tick(60)
-	if w, _ := wedgeState(h, 0); w {
-		t.Fatal("one stuck room made the rank suspected")
-	}
-	p.set(room("a", 1, 60), room("b", 2, 0))
-	h.tick(60)
-	w, n := wedgeState(h, 0)
-	if !w || n != 1 {
-		t.Fatalf("wedged %v, count %d; want suspected", w, n)
-	}
-	if evs := h.eventsOf(EventTransferWedged); len(evs) != 1 || evs[0].Reason != wedgeSuspected {
-		t.Fatalf("events %+v, want one suspected", evs)
-	}
-	if p.restartCount() != 0 {
-		t.Fatal("a suspicion was escalated to a restart")
+	for _, poll := range []string{pluginapi.PollTransferring, pluginapi.PollWaitingForInput} {
+		t.Run(poll, func(t *testing.T) {
+			p := newFakePlugin("http://127.0.0.1:28100", 0)
+			p.server.PID = 7
+			h := newMulti(t, []*fakePlugin{p}, func(c *Config) {
+				c.Mode = ModeOff
+				c.RestartMode, c.RestartMinInterval = ModeAuto, 30*time.Minute
+			})
+			at := func(r pluginapi.Room) pluginapi.Room { r.Poll = poll; return r }
+			p.set(at(room("a", 1, 0)))
+			h.tick(60)
+			if w, _ := wedgeState(h, 0); w {
+				t.Fatal("one stuck room made the rank suspected")
+			}
+			p.set(at(room("a", 1, 60)), at(room("b", 2, 0)))
+			h.tick(60)
+			w, n := wedgeState(h, 0)
+			if !w || n != 1 {
+				t.Fatalf("wedged %v, count %d; want suspected", w, n)
+			}
+			if evs := h.eventsOf(EventTransferWedged); len(evs) != 1 || evs[0].Reason != wedgeSuspected {
+				t.Fatalf("events %+v, want one suspected", evs)
+			}
+			if p.restartCount() != 0 {
+				t.Fatal("a suspicion was escalated to a restart")
+			}
+		})
 	}
 }
 
