@@ -192,21 +192,18 @@ func (s *fieldSide) listing(t *testing.T) map[string]any {
 }
 
 // row is the listing row of rid, nil when it is not listed.
-func row(l map[string]any, rid string) map[string]any {
-	rows, _ := l["inflight"].([]any)
-	for _, r := range rows {
-		if m, ok := r.(map[string]any); ok && m["rid"] == rid {
-			return m
-		}
-	}
-	return nil
-}
+func row(l map[string]any, rid string) map[string]any { return entry(l, "inflight", "rid", rid) }
 
 // worker is the listing's transfer_workers entry of queue q, nil if none.
 func worker(l map[string]any, q float64) map[string]any {
-	ws, _ := l["transfer_workers"].([]any)
-	for _, w := range ws {
-		if m, ok := w.(map[string]any); ok && m["transfer_queue"] == q {
+	return entry(l, "transfer_workers", "transfer_queue", q)
+}
+
+// entry is the element of the listing's list whose key holds want, nil if none.
+func entry(l map[string]any, list, key string, want any) map[string]any {
+	items, _ := l[list].([]any)
+	for _, item := range items {
+		if m, ok := item.(map[string]any); ok && m[key] == want {
 			return m
 		}
 	}
