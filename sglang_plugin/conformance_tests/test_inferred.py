@@ -321,7 +321,8 @@ class _Inferred(aftermath.Checked):
         """Decode's heartbeat checker stops reaching the prefill's bootstrap server while a transfer is in flight."""
         bench = self.bench
         mgr, Poll = bench.decode_mgr, test_prefill._RT.KVPoll
-        if not any(t.role == kv_threads.HEARTBEAT for t in kv_threads.find(mgr)):
+        heartbeat = next((t for t in kv_threads.find(mgr) if t.role == kv_threads.HEARTBEAT), None)
+        if heartbeat is None:
             self.skipTest(f"SGLang's {type(mgr).__name__} (disaggregation/{self.backend}/conn.py) starts no "
                           "heartbeat_checker thread: nothing on decode watches the prefill")
         req = bench.admit(self.room(), transports.HANG)
@@ -334,8 +335,18 @@ class _Inferred(aftermath.Checked):
         with mgr.session_pool_lock:
             mgr.session_pool[addr] = _refusing_session()
         limit = mgr.heartbeat_interval * (mgr.max_failures + 1) + 5
-        _until(lambda: link.receiver.poll() == Poll.Failed, limit, "SGLang's heartbeat checker to fail the room")
-        self.assertNotIn(addr, mgr.addr_to_rooms_tracker, "SGLang kept tracking the lost prefill's rooms")
+        _until(lambda: link.receiver.poll() == Poll.Failed or not heartbeat.thread.is_alive(), limit,
+               "SGLang's heartbeat checker to fail the room")
+        if not heartbeat.thread.is_alive():
+            # Its own handling of the lost prefill raises (v0.5.3 NIXL reads a prefill_tp_size_table its manager
+            # lacks): the checker dies, the room is never failed, and no later prefill loss is ever noticed.
+            self.assertNotEqual(link.receiver.poll(), Poll.Failed)
+            self.assertIn(heartbeat.function, [name for name, _ in aftermath.escaped_since(self._aftermath.mark)][-1])
+            self.sglang_breaks_itself("SGLang's heartbeat checker raises in its own handling of a lost prefill and "
+                                      "dies; the watchdog lists it dead (kv_threads)")
+            return
+        # No room of the lost prefill is tracked any more (the key itself may come back empty: a defaultdict).
+        self.assertFalse(mgr.addr_to_rooms_tracker.get(addr), "SGLang kept tracking the lost prefill's rooms")
         # SGLang's decode pass releases it: out of the transfer queue, aborted, never admitted to decoding.
         _until(lambda: bench.queue_of(req.rid) is None, 10, "SGLang's decode pass to release the room")
         self.assertFalse(bench.transferred(req.rid))
