@@ -4,7 +4,7 @@ A lever that releases the request it aims at can still leave the server
 worse than doing nothing: a frame that kills the prefill bootstrap thread, a
 pass that raises, a worker left holding a queue. So after each scene, on the
 same prefill and decode ranks (SGLang's own managers, bootstrap server and
-threads), the check asks three things:
+threads), the check asks four things:
 
 * every SGLang thread of those managers that was alive before the scene is
   alive after it (kv_threads.py finds them);
