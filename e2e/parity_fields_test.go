@@ -199,6 +199,15 @@ func worker(l map[string]any, q float64) map[string]any {
 	return entry(l, "transfer_workers", "transfer_queue", q)
 }
 
+// asMap is an answer as the listing's JSON reads, so that both sides'
+// answers compare field by field.
+func asMap(v any) map[string]any {
+	var m map[string]any
+	b, _ := json.Marshal(v)
+	_ = json.Unmarshal(b, &m)
+	return m
+}
+
 // entry is the element of the listing's list whose key holds want, nil if none.
 func entry(l map[string]any, list, key string, want any) map[string]any {
 	items, _ := l[list].([]any)
@@ -414,10 +423,7 @@ func fieldScenes(t *testing.T, src string, d *fieldDiffs) {
 		if err != nil {
 			t.Fatalf("%s: force-fail: %v", s.name, err)
 		}
-		var m map[string]any
-		b, _ := json.Marshal(resp)
-		_ = json.Unmarshal(b, &m)
-		answers[s.name], statuses[s.name] = m, status
+		answers[s.name], statuses[s.name] = asMap(resp), status
 	}
 	if statuses[real.name] != statuses[simSide.name] {
 		d.add(scene, "HTTP status", statuses[real.name], statuses[simSide.name])
@@ -455,10 +461,7 @@ func fieldScenes(t *testing.T, src string, d *fieldDiffs) {
 			if err != nil {
 				t.Fatalf("%s: wedge order: %v", s.name, err)
 			}
-			var m map[string]any
-			b, _ := json.Marshal(resp)
-			_ = json.Unmarshal(b, &m)
-			answers[s.name], statuses[s.name] = m, status
+			answers[s.name], statuses[s.name] = asMap(resp), status
 			failed[s.name] = nil
 			for _, r := range resp.Failed {
 				failed[s.name] = append(failed[s.name], r.RID)
