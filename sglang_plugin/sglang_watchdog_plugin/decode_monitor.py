@@ -24,7 +24,7 @@ import time
 from typing import NamedTuple
 
 from . import kv_threads
-from .decode_capabilities import detect, pass_problem
+from .decode_capabilities import abort_frame_problem, detect, pass_problem
 from .decode_observe import (
     _UNKNOWN_VIEW,
     PREALLOC,
@@ -104,6 +104,9 @@ class DecodeMonitor(Monitor):
             self.deferred_release = deferred_release(manager)
             if manager is not None:
                 self.kv_threads = kv_threads.find(manager)
+                if receiver_cls is not None:
+                    # Read the ABORT frame's two sides from the code now, not on the scheduler thread's first order.
+                    abort_frame_problem(receiver_cls, type(manager))
         except Exception as e:
             self._cannot_inspect(e, "decode lever")
         logger.info(
