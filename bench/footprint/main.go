@@ -7,7 +7,9 @@
 // It runs the simulator in-process (sglangsim, real clock, DP8, newest label
 // era, Poisson traffic with heavy-tailed transfers, slow-but-progressing
 // requests, health checks, and one pin injected every -pin-every, rotating
-// over the three mechanisms and the ranks), builds the watchdog with
+// over the ranks and the pin mechanisms of -era: a stuck transfer handle,
+// the only one SGLang's releases have, and with -era forks also the two
+// read in code outside them), builds the watchdog with
 // scripts/build.sh (the shipped static build; -build go for a plain
 // `go build -o`) into a temporary directory, starts it in auto mode with the
 // default windows against the simulator's /metrics and plugin URLs, and
@@ -51,6 +53,7 @@ func main() {
 	median := flag.Duration("median", 20*time.Millisecond, "median KV transfer time (lognormal, sigma 1)")
 	slow := flag.Float64("slow", 0.0001, "fraction of slow-but-progressing requests (30-150 s)")
 	pinEvery := flag.Duration("pin-every", time.Minute, "inject one pin this often (0: none)")
+	era := flag.String("era", "releases", "the SGLang code the pins model: releases (v0.4.6 to v0.5.18 and upstream main: stuck handles only) or forks (resurrection and abort-before-register too, which only code outside those releases pins by)")
 	seed := flag.Int64("seed", 1, "simulator seed")
 	bin := flag.String("bin", "", "watchdog binary to run (default: build one into a temp dir from -repo, see -build)")
 	buildHow := flag.String("build", "script", "how to build: script (scripts/build.sh, the shipped static -s -w build) or go (plain go build -o)")
@@ -59,6 +62,16 @@ func main() {
 	repo := flag.String("repo", ".", "module root to build the watchdog from")
 	keep := flag.Bool("keep", false, "keep the temp dir (binary and the watchdog's log)")
 	flag.Parse()
+	pinEra = *era
+	switch *era {
+	case "releases":
+		pinKinds = []sglangsim.PinKind{sglangsim.PinStuckHandle}
+	case "forks":
+		pinKinds = []sglangsim.PinKind{sglangsim.PinResurrection, sglangsim.PinAbortBeforeRegister, sglangsim.PinStuckHandle}
+	default:
+		fmt.Fprintf(os.Stderr, "-era: unknown era %q (want releases or forks)\n", *era)
+		os.Exit(2)
+	}
 	extraEnv = nil
 	if *gogc != "" {
 		extraEnv = append(extraEnv, "GOGC="+*gogc)
@@ -71,6 +84,13 @@ func main() {
 
 // extraEnv is added to the watchdog's environment.
 var extraEnv []string
+
+// pinKinds are the mechanisms the injected pins rotate over, those of
+// pinEra (-era).
+var (
+	pinKinds []sglangsim.PinKind
+	pinEra   string
+)
 
 func run(duration, sampleEvery, printEvery time.Duration, ranks int, rate float64, median time.Duration, slow float64,
 	pinEvery time.Duration, seed int64, bin, buildHow, repo string, keep bool) int {
@@ -164,11 +184,11 @@ func run(duration, sampleEvery, printEvery time.Duration, ranks int, rate float6
 	}()
 
 	if pinEvery > 0 {
-		go injectPins(simCtx, sim, pinEvery)
+		go injectPins(simCtx, sim, pinEvery, pinKinds)
 	}
 
-	fmt.Printf("machine: %d CPUs, %s; simulator: DP%d newest era, %.0f req/s, median transfer %s, slow %.3f, a pin every %s\n",
-		nproc(), cpuModel(), ranks, rate, median, slow, pinEvery)
+	fmt.Printf("machine: %d CPUs, %s; simulator: DP%d newest era, %.0f req/s, median transfer %s, slow %.3f, a pin every %s (pin era %s)\n",
+		nproc(), cpuModel(), ranks, rate, median, slow, pinEvery, pinEra)
 	st, _ := os.Stat(bin)
 	var size int64
 	if st != nil {
@@ -287,8 +307,7 @@ func keepLog(path string) {
 	fmt.Printf("--- last lines of the watchdog's log ---\n%s\n", b)
 }
 
-func injectPins(ctx context.Context, sim *sglangsim.Sim, every time.Duration) {
-	kinds := []sglangsim.PinKind{sglangsim.PinResurrection, sglangsim.PinAbortBeforeRegister, sglangsim.PinStuckHandle}
+func injectPins(ctx context.Context, sim *sglangsim.Sim, every time.Duration, kinds []sglangsim.PinKind) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for i := 0; ; i++ {

@@ -9,8 +9,12 @@
 // healthy requests over an hour with lognormal (heavy-tailed) KV transfer
 // times, 0.5% slow-but-progressing transfers, SGLang health checks every
 // 10 s plus one stuck health check per rank, and 0.4% pins (100) spread
-// evenly over the three mechanisms (PinResurrection,
-// PinAbortBeforeRegister, PinStuckHandle) and evenly in time. A stuck
+// evenly in time over the pin mechanisms of the era replayed (-era): on
+// SGLang's releases (v0.4.6 to v0.5.18 and upstream main) only a stuck
+// transfer handle (PinStuckHandle) pins a request in the inflight queue;
+// -era forks adds the two mechanisms read in SGLang code outside them
+// (PinResurrection, PinAbortBeforeRegister), which those releases conclude
+// on their own (docs/plugin.md, "Seed mechanisms"). A stuck
 // handle wedges its transfer queue until the server restarts: every later
 // room bound for that queue waits behind it (SGLang v0.5.18:
 // NixlKVManager.transfer_worker in disaggregation/nixl/conn.py).
@@ -110,6 +114,7 @@ type options struct {
 	bootTime     time.Duration
 	decodeRanks  int
 	mechanisms   string
+	era          string
 	memprofile   string
 	cpuprofile   string
 	family       string
@@ -125,14 +130,15 @@ func main() {
 	flag.Int64Var(&o.seed, "seed", 1, "seed of the trace and the simulator")
 	flag.IntVar(&o.ranks, "ranks", 8, "DP ranks")
 	flag.IntVar(&o.healthy, "healthy", 25000, "healthy requests")
-	flag.Float64Var(&o.pinPct, "pins", 0.4, "pinned requests, in percent of -healthy, spread over the three mechanisms")
+	flag.Float64Var(&o.pinPct, "pins", 0.4, "pinned requests, in percent of -healthy, spread over the pin mechanisms")
 	flag.Float64Var(&o.slowPct, "slow", 0.5, "slow-but-progressing requests (30-150 s), in percent of -healthy")
 	flag.DurationVar(&o.duration, "duration", time.Hour, "simulated length of the trace")
 	flag.DurationVar(&o.median, "median", time.Second, "median healthy KV transfer time (lognormal, sigma 1, capped at 100 medians)")
 	flag.DurationVar(&o.step, "step", 100*time.Millisecond, "simulated time between scheduler passes")
 	flag.DurationVar(&o.stockStep, "stock-step", time.Second, "simulated time between scheduler passes in the stock replay, where thousands of requests pile up behind wedged queues")
 	flag.DurationVar(&o.stockTimeout, "decode-timeout", sglangsim.DefaultDecodeWaitingTimeout, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT of decode")
-	flag.StringVar(&o.mechanisms, "mechanisms", "resurrection,abort-before-register,stuck-handle", "pin mechanisms to mix evenly (resurrection, abort-before-register, stuck-handle); without stuck-handle no transfer queue wedges")
+	flag.StringVar(&o.era, "era", eraReleases, "the SGLang code the pins model: releases (v0.4.6 to v0.5.18 and upstream main, where only a stuck handle pins: stuck-handle) or forks (code outside them, which also pins by resurrection and abort-before-register)")
+	flag.StringVar(&o.mechanisms, "mechanisms", "", "pin mechanisms to mix evenly (resurrection and abort-before-register need -era forks; stuck-handle); empty: every mechanism of -era; without stuck-handle no transfer queue wedges")
 	flag.IntVar(&o.decodeRanks, "decode-ranks", 2, "decode ranks (scheduler processes of the decode server); the decode endpoints are spread over them")
 	flag.DurationVar(&o.bootTime, "boot-time", sglangsim.DefaultBootTime, "how long a restarted server boots (listings, /metrics and arrivals refused)")
 	flag.BoolVar(&o.sweep, "sweep", false, "also sweep deadline x stall window on the defaults configuration (12 more replays)")
@@ -151,7 +157,7 @@ func main() {
 	flag.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the harness")
 	flag.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the harness at the end")
 	flag.StringVar(&o.family, "family", "default", "trace family: default (the trace above), or slowlink (issue 17's slow-link and wedge matrix, one trace per class; its own defaults: -duration 30m, -healthy 12500, -configs defaults,restart-5m)")
-	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all but tp-nonleader-wedge: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, error-late, hung-handle, mixed-slowlink-hung, shared-queue-speeds, link-drop-recover, new-destination, silent-pin; tp-nonleader-wedge replays with -attn-tp 2 at least)")
+	flag.StringVar(&o.classes, "classes", "", "slowlink: the classes to replay, comma-separated (default all but tp-nonleader-wedge: long-prompt, huge-chunk, link-10pct-one, link-1pct-one, link-10pct-all, link-1pct-all, burst, abort-behind-slow, error-settle, error-late, hung-handle, mixed-slowlink-hung, shared-queue-speeds, link-drop-recover, new-destination, and with -era forks silent-pin; tp-nonleader-wedge replays with -attn-tp 2 at least)")
 	flag.IntVar(&o.attnTP, "attn-tp", 1, "attention-TP group size of every prefill rank: each rank of the group runs its own transfer workers into its decode peer's pages (sglangsim Options.AttnTP)")
 	flag.StringVar(&o.tpView, "tp-view", "round5", "with an attention-TP group (-attn-tp > 1, or the slowlink class tp-nonleader-wedge), what the prefill plugin lists: round5 (every rank's chunks merged), stale-peer (one non-leader rank not read: fails closed), leader-only (the leader alone, as the only writer: the view the watchdog trusted through round 4)")
 	flag.StringVar(&o.links, "links", "uniform", "default family: uniform (every decode destination at full speed) or hetero (issue 23's heterogeneous fleet: four more destinations, at 1% and 10%, one at 10% for 10 min, one new at mid-run, each with its own traffic; the stuck-handle pins spread over every destination)")
@@ -165,6 +171,10 @@ func main() {
 	case "round5", "leader-only", "stale-peer":
 	default:
 		fmt.Fprintf(os.Stderr, "-tp-view: unknown view %q (want round5, stale-peer or leader-only)\n", o.tpView)
+		os.Exit(2)
+	}
+	if err := checkMechanisms(&o); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	if _, err := tpRanks(o.pinTPRanks, o.attnTP); err != nil {

@@ -41,7 +41,9 @@ type slClass struct {
 	slowStuck bool
 	// tp: the class replays an attention-TP group (-attn-tp, at least 2)
 	// and is replayed only when -classes names it.
-	tp   bool
+	tp bool
+	// era: the -era whose pin mechanisms the class needs ("" for any).
+	era  string
 	what string
 	add  func(b *slBuilder)
 }
@@ -255,7 +257,7 @@ func slowlinkClasses() []slClass {
 				b.hung(3, 17012, from+10*time.Second, from+time.Minute)
 				b.hung(3, 17012, from+3*time.Minute, b.traffic-2*time.Minute)
 			}},
-		{name: "silent-pin", stuck: true, what: "10 resurrection pins and 10 aborted-before-register pins (nothing in flight)",
+		{name: "silent-pin", stuck: true, era: eraForks, what: "10 resurrection pins and 10 aborted-before-register pins (nothing in flight)",
 			add: func(b *slBuilder) {
 				for i := range 20 {
 					beh := sglangsim.BehaviorPinResurrection
@@ -451,7 +453,13 @@ func runSlowlink(o options, cfgNames []string) int {
 		}
 		classes = keep
 	} else {
-		classes = slices.DeleteFunc(classes, func(c slClass) bool { return c.tp })
+		classes = slices.DeleteFunc(classes, func(c slClass) bool { return c.tp || (c.era != "" && c.era != o.era) })
+	}
+	for _, c := range classes {
+		if c.era != "" && c.era != o.era {
+			fmt.Fprintf(os.Stderr, "-classes: %s pins by mechanisms that SGLang's releases do not have; replay it with -era %s\n", c.name, c.era)
+			return 2
+		}
 	}
 	type job struct {
 		class slClass
@@ -538,6 +546,8 @@ type slDecodeStats struct {
 	heldLive             int             // held as "transfer may be live"
 	heldThenTimeout      int             // of those, freed by SGLang's timeout
 	unsafeFF, unsafeTO   int             // pages freed under a live write: by a force-fail / SGLang's timeout
+	prefillLive          int             // prefill requests a lever freed under a live read
+	prefillHung          int             // ... under a hung handle (the remedy's own case)
 	corruptFF, corruptTO int             // late writes landed: caused by a force-fail / SGLang's timeout
 }
 
@@ -572,6 +582,14 @@ func slDecode(r *replayResult) slDecodeStats {
 				st.heldThenTimeout++
 			}
 		}
+		if !rec.ForcedAt.IsZero() {
+			switch rec.PrefillFreedUnder {
+			case sglangsim.PrefillFreeLiveRead:
+				st.prefillLive++
+			case sglangsim.PrefillFreeHungHandle:
+				st.prefillHung++
+			}
+		}
 		switch rec.UnsafeFree {
 		case sglangsim.DecodeForceFail:
 			st.unsafeFF++
@@ -604,15 +622,15 @@ type slRow struct {
 func slDecodeTable(o options, rows []slRow) {
 	fmt.Printf("\n## Decode side and page safety (decode deadline %s, SGLang's waiting timeout %s)\n\n",
 		watchdog.DefaultDecodeDeadline, o.stockTimeout)
-	fmt.Println("| configuration | class | prefill attention TP (plugin view) | client hang of stuck rooms from the inflight queue, median / p99 / max (still waiting at the end) | decode force-fail releases: after a \"stopped\" verdict / after another verdict / no lookup (no transfer started) | held as \"transfer may be live\" (then freed by SGLang's timeout) | decode pages freed under a live write: by a force-fail / by SGLang's timeout | page corruptions (late writes landed) caused by a force-fail / by SGLang's timeout |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| configuration | class | prefill attention TP (plugin view) | client hang of stuck rooms from the inflight queue, median / p99 / max (still waiting at the end) | decode force-fail releases: after a \"stopped\" verdict / after another verdict / no lookup (no transfer started) | held as \"transfer may be live\" (then freed by SGLang's timeout) | prefill requests a lever freed under a read: live / hung handle | decode pages freed under a live write: by a force-fail / by SGLang's timeout | page corruptions (late writes landed) caused by a force-fail / by SGLang's timeout |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, row := range rows {
 		st := slDecode(row.res)
 		tp := "1"
 		if row.attnTP > 1 {
 			tp = fmt.Sprintf("%d (%s)", row.attnTP, o.tpView)
 		}
-		fmt.Printf("| %s | %s | %s | %s (%d) | %d / %d / %d | %d (%d) | %d / %d | **%d** / %d |\n", row.cfg, row.class, tp, dist(st.hang), st.open,
-			st.freedStopped, st.freedOther, st.freedNoLookup, st.heldLive, st.heldThenTimeout, st.unsafeFF, st.unsafeTO, st.corruptFF, st.corruptTO)
+		fmt.Printf("| %s | %s | %s | %s (%d) | %d / %d / %d | %d (%d) | **%d** / %d | %d / %d | **%d** / %d |\n", row.cfg, row.class, tp, dist(st.hang), st.open,
+			st.freedStopped, st.freedOther, st.freedNoLookup, st.heldLive, st.heldThenTimeout, st.prefillLive, st.prefillHung, st.unsafeFF, st.unsafeTO, st.corruptFF, st.corruptTO)
 	}
 }

@@ -159,7 +159,44 @@ func (t *trace) heterogeneous(traffic time.Duration) {
 	}
 }
 
-// pinMechanisms parses -mechanisms; main checks it first.
+// The eras of -era. A stuck transfer handle pins a request on every
+// release; the other two mechanisms were read in SGLang code outside the
+// releases, whose own code concludes such a request (conformance/pins.py
+// plays them on each release).
+const (
+	eraReleases = "releases"
+	eraForks    = "forks"
+)
+
+var eraMechanisms = map[string]string{
+	eraReleases: "stuck-handle",
+	eraForks:    "resurrection,abort-before-register,stuck-handle",
+}
+
+// checkMechanisms fills o.mechanisms from -era when it is empty and says
+// what is wrong with -era or -mechanisms, naming the flag.
+func checkMechanisms(o *options) error {
+	allowed, ok := eraMechanisms[o.era]
+	if !ok {
+		return fmt.Errorf("-era: unknown era %q (want %s or %s)", o.era, eraReleases, eraForks)
+	}
+	if o.mechanisms == "" {
+		o.mechanisms = allowed
+		return nil
+	}
+	for _, m := range strings.Split(o.mechanisms, ",") {
+		m = strings.TrimSpace(m)
+		if _, ok := mechanismNames[m]; !ok {
+			return fmt.Errorf("-mechanisms: unknown mechanism %q (want resurrection, abort-before-register, stuck-handle)", m)
+		}
+		if !slices.Contains(strings.Split(allowed, ","), m) {
+			return fmt.Errorf("-mechanisms: %s does not pin a request on SGLang's releases (v0.4.6 to v0.5.18, upstream main); replay it with -era %s", m, eraForks)
+		}
+	}
+	return nil
+}
+
+// pinMechanisms parses -mechanisms; checkMechanisms checks it first.
 func pinMechanisms(list string) []sglangsim.Behavior {
 	var out []sglangsim.Behavior
 	for _, m := range strings.Split(list, ",") {
