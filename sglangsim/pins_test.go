@@ -78,6 +78,15 @@ func TestPinsStayUntilLever(t *testing.T) {
 					r.ForcedAt.IsZero() || r.Left.Before(r.ForcedAt) {
 					t.Fatalf("record %+v", r)
 				}
+				// Only a stuck handle holds a chunk when its pages are freed,
+				// and it never reads again.
+				wantFree := PrefillFree("")
+				if tc.pin == PinStuckHandle {
+					wantFree = PrefillFreeHungHandle
+				}
+				if r.PrefillFreedUnder != wantFree {
+					t.Fatalf("prefill pages freed under %q, want %q", r.PrefillFreedUnder, wantFree)
+				}
 				if st, _ := s.ForceFail(context.Background(), 1, pluginapi.ForceFailRequest{RID: rid}, ""); st != 404 {
 					t.Fatalf("force-fail after release: %d", st)
 				}
@@ -92,6 +101,22 @@ func TestForceFailProgressingRequestsIsRecorded(t *testing.T) {
 	slow, _ := s.Submit(RequestSpec{Behavior: BehaviorSlow})
 	hc, _ := s.Submit(RequestSpec{Behavior: BehaviorStuckHealthCheck})
 	run(s, c, 10*time.Second, 100*time.Millisecond)
+	// A lever on a transfer its worker is moving frees pages the worker
+	// still reads; one still queued behind it, or a health check's fake
+	// sender, frees none under a read.
+	wantFree := map[string]PrefillFree{hc: ""}
+	l := s.Listing(0)
+	for _, rid := range []string{healthy, slow} {
+		rq, _ := room(l, rid)
+		if rq.TransferInFlight != nil && *rq.TransferInFlight {
+			wantFree[rid] = PrefillFreeLiveRead
+		} else {
+			wantFree[rid] = ""
+		}
+	}
+	if wantFree[healthy] == wantFree[slow] {
+		t.Fatalf("want one transfer moving and one queued behind it: %v", wantFree)
+	}
 	for _, rid := range []string{healthy, slow} {
 		if st, resp := s.ForceFail(context.Background(), 0, pluginapi.ForceFailRequest{RID: rid}, ""); st != 200 ||
 			resp.Result != pluginapi.ResultFlipped {
@@ -110,6 +135,11 @@ func TestForceFailProgressingRequestsIsRecorded(t *testing.T) {
 	for _, rid := range []string{healthy, slow, hc} {
 		if r := recordOf(t, s, rid); r.Outcome != OutcomeFailedForced || !r.ProgressingWhenForced {
 			t.Fatalf("record %+v", r)
+		}
+	}
+	for rid, want := range wantFree {
+		if r := recordOf(t, s, rid); r.PrefillFreedUnder != want {
+			t.Fatalf("%s: prefill pages freed under %q, want %q", rid, r.PrefillFreedUnder, want)
 		}
 	}
 }

@@ -179,6 +179,7 @@ type record struct {
 	outcome     uint8 // index into outcomes
 	dend        uint8 // index into decodeEnds
 	unsafe      uint8 // index into decodeEnds
+	prefillFree uint8 // index into prefillFrees
 	progressing bool
 	// wedgeOrdered: a wedge order set the lever.
 	wedgeOrdered bool
@@ -231,6 +232,7 @@ func (rc *record) export() Record {
 		DecodeEnd:             decodeEnds[rc.dend],
 		DecodeForcedAt:        unixTime(rc.dForced),
 		UnsafeFree:            decodeEnds[rc.unsafe],
+		PrefillFreedUnder:     prefillFrees[rc.prefillFree],
 		CorruptedBy:           rc.corruptedBy,
 	}
 }
@@ -1172,7 +1174,9 @@ func (r *rank) releaseTransfer(sd *sender, now time.Time) {
 		// still holds the chunk (SGLang v0.5.18: disaggregation/nixl/conn.py,
 		// managers/scheduler.py, disaggregation/common/conn.py).
 		o := orphan{room: q.room, queue: q.queue}
-		if !sd.wedging && !sd.frozen {
+		live := !sd.wedging && !sd.frozen
+		r.g.records[q.rec].freedUnder(live)
+		if live {
 			rest := q.chunkEvery - (sd.work-q.pickup)%q.chunkEvery
 			sd.settleWork = sd.work + rest
 			sd.orphaned = true
@@ -1189,6 +1193,17 @@ func (r *rank) releaseTransfer(sd *sender, now time.Time) {
 	// The room's chunks stay on its queue: the worker finishes the one in
 	// its hands and skips the others when it reaches them (run).
 	sd.released = true
+}
+
+// freedUnder records that a stage or TP rank freed the request's prefill
+// pages with a chunk of it still in a worker's hands; a read still moving
+// outranks a hung handle.
+func (rc *record) freedUnder(live bool) {
+	if live {
+		rc.prefillFree = 2
+	} else if rc.prefillFree == 0 {
+		rc.prefillFree = 1
+	}
 }
 
 func (r *rank) pruneOrphans(now time.Time) {

@@ -407,10 +407,30 @@ type Record struct {
 	// hazard), and says what freed them: DecodeForceFail (the watchdog) or
 	// DecodeTimeout (SGLang's own waiting timeout).
 	UnsafeFree DecodeEnd
+	// PrefillFreedUnder is non-empty when prefill's release of the request
+	// freed its KV pages while a transfer worker still held a chunk of it
+	// (SGLang v0.5.18: the Failed branch's release_kv_cache in
+	// disaggregation/prefill.py frees the request, not the transfer):
+	// PrefillFreeLiveRead when that chunk was still moving, so its read
+	// goes on over freed pages, PrefillFreeHungHandle when it hung (the
+	// remedy's own case). ForcedAt tells a lever's free from SGLang's.
+	PrefillFreedUnder PrefillFree
 	// CorruptedBy is the rid of a request whose late prefill write landed
 	// in this request's decode pages.
 	CorruptedBy string
 }
+
+// PrefillFree is what a transfer was doing when prefill freed the pages
+// it reads (Record.PrefillFreedUnder).
+type PrefillFree string
+
+// Values of Record.PrefillFreedUnder.
+const (
+	PrefillFreeHungHandle = PrefillFree("hung_handle")
+	PrefillFreeLiveRead   = PrefillFree("live_read")
+)
+
+var prefillFrees = [...]PrefillFree{"", PrefillFreeHungHandle, PrefillFreeLiveRead}
 
 // DecodeHold is how long decode held the request's slot and KV pages
 // (DecodeAdmitted to DecodeReleased); 0 while it still holds them or if the

@@ -133,11 +133,16 @@ type analysis struct {
 	unsafeFree, corrupt         map[sglangsim.DecodeEnd]int
 	decodeHealthy               []sglangsim.Record // healthy or slow requests a decode force-fail released
 	unsafeByKind, corruptByKind map[sglangsim.Kind]map[sglangsim.DecodeEnd]int
+	// Requests whose prefill pages were freed with a chunk still in a
+	// worker's hands (Record.PrefillFreedUnder), by who freed them: a
+	// lever (the request was force-failed) or SGLang itself.
+	prefillFreeLever, prefillFreeSGLang map[sglangsim.PrefillFree]int
 }
 
 func analyse(r *replayResult) *analysis {
 	a := &analysis{byKind: map[sglangsim.Kind]*fate{}, unsafeFree: map[sglangsim.DecodeEnd]int{}, corrupt: map[sglangsim.DecodeEnd]int{},
-		unsafeByKind: map[sglangsim.Kind]map[sglangsim.DecodeEnd]int{}, corruptByKind: map[sglangsim.Kind]map[sglangsim.DecodeEnd]int{}}
+		unsafeByKind: map[sglangsim.Kind]map[sglangsim.DecodeEnd]int{}, corruptByKind: map[sglangsim.Kind]map[sglangsim.DecodeEnd]int{},
+		prefillFreeLever: map[sglangsim.PrefillFree]int{}, prefillFreeSGLang: map[sglangsim.PrefillFree]int{}}
 	kindOf := map[string]sglangsim.Kind{}
 	count := func(m map[sglangsim.Kind]map[sglangsim.DecodeEnd]int, k sglangsim.Kind, e sglangsim.DecodeEnd) {
 		if m[k] == nil {
@@ -165,6 +170,13 @@ func analyse(r *replayResult) *analysis {
 			count(a.unsafeByKind, rec.Kind, rec.UnsafeFree)
 		}
 		forced := !rec.ForcedAt.IsZero()
+		if rec.PrefillFreedUnder != "" {
+			if forced {
+				a.prefillFreeLever[rec.PrefillFreedUnder]++
+			} else {
+				a.prefillFreeSGLang[rec.PrefillFreedUnder]++
+			}
+		}
 		if rec.WedgeOrdered {
 			a.wedgeOrdered++
 			if rec.Kind == sglangsim.KindHealthy || rec.Kind == sglangsim.KindSlow {

@@ -33,16 +33,10 @@ func inParallel(n, parallel int, f func(i int)) {
 
 func run(o options) int {
 	t0 := time.Now()
-	for _, m := range strings.Split(o.mechanisms, ",") {
-		if _, ok := mechanismNames[strings.TrimSpace(m)]; !ok {
-			fmt.Fprintf(os.Stderr, "-mechanisms: unknown mechanism %q (want resurrection, abort-before-register, stuck-handle)\n", m)
-			return 2
-		}
-	}
 	tr := makeTrace(o)
 	fmt.Printf("# Detection quality, seed %d\n\n", o.seed)
-	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, %s evenly), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
-		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.mechanisms, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
+	fmt.Printf("trace: DP%d, %s simulated, %d healthy requests (lognormal transfers, median %s), %d slow-but-progressing (30-150 s, a chunk every 2.5-5 s), %d pins (%.2g%% of healthy, %s evenly, era %s), %d stuck health checks, health checks every %s (0: none); NIXL, transfer queues keyed by decode ports (sglangsim defaults), boot time %s; a scheduler pass every %s (stock: %s)\n",
+		o.ranks, o.duration, o.healthy, o.median, int(math.Round(float64(o.healthy)*o.slowPct/100)), tr.pins, o.pinPct, o.mechanisms, o.era, o.ranks, o.hcEvery, o.bootTime, o.step, o.stockStep)
 	if tr.attnTP > 1 {
 		on := "every rank"
 		if o.pinTPRanks != "" {
@@ -299,6 +293,10 @@ func run(o options) int {
 	})
 	row("decode pages freed under a live transfer: by a force-fail / by SGLang's timeout", func(r *replayResult, a *analysis) string {
 		return fmt.Sprintf("%d / %d", a.unsafeFree[sglangsim.DecodeForceFail], a.unsafeFree[sglangsim.DecodeTimeout])
+	})
+	row("prefill requests freed under a transfer: by a lever, live read / by a lever, hung handle / by SGLang itself, live read / hung handle", func(r *replayResult, a *analysis) string {
+		return fmt.Sprintf("**%d** / %d / %d / %d", a.prefillFreeLever[sglangsim.PrefillFreeLiveRead], a.prefillFreeLever[sglangsim.PrefillFreeHungHandle],
+			a.prefillFreeSGLang[sglangsim.PrefillFreeLiveRead], a.prefillFreeSGLang[sglangsim.PrefillFreeHungHandle])
 	})
 	row("page corruptions (late writes landed): caused by a force-fail / by SGLang's timeout", func(r *replayResult, a *analysis) string {
 		return fmt.Sprintf("**%d** / %d", a.corrupt[sglangsim.DecodeForceFail], a.corrupt[sglangsim.DecodeTimeout])

@@ -179,6 +179,9 @@ func slowlinkMatrix(t *testing.T, median time.Duration, cfgNames []string) {
 			if s.falseFF != 0 || s.falseWedge != 0 {
 				t.Errorf("%s: %d false force-fails, %d false wedge-order failures", where, s.falseFF, s.falseWedge)
 			}
+			if d := slDecode(r); d.prefillLive != 0 {
+				t.Errorf("%s: a lever freed the prefill pages of %d requests under a read still moving", where, d.prefillLive)
+			}
 			if !c.stuck {
 				// A restart of a wedged server loses every room in it, by
 				// design; where nothing is stuck there must be none.
