@@ -30,6 +30,7 @@ type Exporter struct {
 	transferWedged, transferWedges, restarts, rankTargets         *prometheus.Desc
 	unactionable, verdictLookups, ledgerRooms, wedgeOrders        *prometheus.Desc
 	kvThreadsDead                                                 *prometheus.Desc
+	restartMode, modeChanges, modeFileErrors                      *prometheus.Desc
 }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -63,7 +64,7 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 			"result", "trigger", "role"),
 		skips: desc("force_fail_skips_total", "Stuck requests that were not force-failed, by reason (mode_off, rate_limited, progressed, gone, source_down, unsupported, transfer_live) and role; each request counts once per reason.",
 			"reason", "role"),
-		mode:      desc("force_fail_mode", "1 for the current force-fail mode (off, dry-run, auto), 0 for the others.", "mode"),
+		mode:      desc("force_fail_mode", "1 for the force-fail mode in force (off, dry-run, auto), 0 for the others: --force-fail.mode, or the mode in --force-fail.mode-file while that file holds one.", "mode"),
 		tracked:   desc("tracked_rooms", "Requests the watchdog currently remembers: prefill inflight rooms and decode requests."),
 		limitHits: desc("room_limit_hits_total", "Listings that held more rooms than the room limit; the excess was not tracked and is never acted on."),
 		lastCycle: desc("last_cycle_duration_seconds", "Duration of the last watch cycle: listing reads, decisions and admin calls."),
@@ -84,6 +85,10 @@ func NewExporter(snapshot SnapshotFunc) *Exporter {
 		ledgerRooms: desc("prefill_released_rooms", "Rooms this watchdog released on prefill and still remembers, to answer decode-side verdict lookups."),
 		wedgeOrders: desc("wedge_orders_total", "Calls for standing wedge orders on diagnosed transfer wedges (one order fails every room queued behind its wedge), by result (ordered: a new order stands, renewed, would_order: dry run, wedge_cleared: the chunk left the worker first, rate_limited: held back by the fail-fast budget, unsupported, rejected, error). The rooms an order failed count in force_fails_total with trigger fail_fast.",
 			"result"),
+		restartMode: desc("restart_mode", "1 for the restart escalation mode in force (off, dry-run, auto), 0 for the others: --restart.mode, capped at the mode in --force-fail.mode-file while that file holds one.",
+			"mode"),
+		modeChanges:    desc("mode_changes_total", "Changes of the force-fail or restart mode since the watchdog started: the mode file changed, appeared or went away."),
+		modeFileErrors: desc("mode_file_errors_total", "Reads of --force-fail.mode-file (one a watch cycle) that found no valid mode: content other than off, dry-run or auto, or a file that exists but cannot be read. The modes stay as they were."),
 	}
 }
 
@@ -94,7 +99,7 @@ func (e *Exporter) Describe(ch chan<- *prometheus.Desc) {
 		e.ageHist, e.stuck, e.gaugePinned, e.gaugeUnchanged, e.sinceProgress, e.loopStall, e.wedged,
 		e.forceFails, e.skips, e.mode, e.tracked, e.limitHits, e.lastCycle, e.webhook,
 		e.transferWedged, e.transferWedges, e.restarts, e.rankTargets, e.unactionable, e.verdictLookups, e.ledgerRooms, e.wedgeOrders,
-		e.kvThreadsDead,
+		e.kvThreadsDead, e.restartMode, e.modeChanges, e.modeFileErrors,
 	} {
 		ch <- d
 	}
@@ -186,7 +191,10 @@ func (e *Exporter) Collect(ch chan<- prometheus.Metric) {
 	gauge(e.ledgerRooms, float64(s.LedgerRooms))
 	for _, m := range watchdog.Modes {
 		gauge(e.mode, boolValue(m == s.Mode), string(m))
+		gauge(e.restartMode, boolValue(m == s.RestartMode), string(m))
 	}
+	counter(e.modeChanges, float64(s.ModeChanges))
+	counter(e.modeFileErrors, float64(s.ModeFileErrors))
 	gauge(e.tracked, float64(s.TrackedRooms))
 	counter(e.limitHits, float64(s.RoomLimitHits))
 	gauge(e.lastCycle, s.LastCycle.Seconds())

@@ -51,7 +51,7 @@ func goldenSnapshot() watchdog.Snapshot {
 	byPoll[pluginapi.PollTransferring] = 2
 	byPoll[pluginapi.PollWaitingForInput] = 1
 	return watchdog.Snapshot{
-		Mode: watchdog.ModeAuto,
+		Mode: watchdog.ModeAuto, RestartMode: watchdog.ModeDryRun, ModeChanges: 2, ModeFileErrors: 1,
 		Sources: []watchdog.SourceStatus{
 			{Source: "metrics", Target: "http://127.0.0.1:30000/metrics", Up: true, Duration: 12 * time.Millisecond, Failures: 1},
 			{Source: "plugin", Target: "http://127.0.0.1:28100", Up: true, Duration: 2 * time.Millisecond},

@@ -89,7 +89,7 @@ func (e *escalation) reason(now time.Time) string {
 // restartCandidate picks the rank to restart this cycle, if any. Caller
 // holds w.mu.
 func (w *Watchdog) restartCandidate() *escalation {
-	mode := w.cfg.RestartMode
+	mode := w.restartMode
 	if mode == ModeOff {
 		return nil
 	}
@@ -102,7 +102,7 @@ func (w *Watchdog) restartCandidate() *escalation {
 			continue
 		}
 		proc := procKey{target: rk.status.target, pid: rk.server.PID, gen: rk.gen}
-		if w.restarted[proc] {
+		if done, ok := w.restarted[proc]; ok && modeRank(done) >= modeRank(mode) {
 			continue
 		}
 		if k, since, ok := deadThreadEscalates(rk, now, &w.cfg); ok {
@@ -163,9 +163,11 @@ func (w *Watchdog) restart(ctx context.Context, e *escalation) []Event {
 
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	// One call per process, whatever the answer: a timeout may hide a
-	// restart under way, and a refusal will not change for this process.
-	w.restarted[e.proc] = true
+	// One call per process and mode, whatever the answer: a timeout may
+	// hide a restart under way, and a refusal will not change for this
+	// process. A dry run leaves room for one real call after a switch to
+	// auto.
+	w.restarted[e.proc] = e.mode
 	if !dry {
 		w.lastRestart = w.clock.Now()
 	}

@@ -10,10 +10,16 @@ import (
 // Snapshot is a consistent copy of what the exported metrics show. It holds
 // aggregates only, so that building it costs little even with many rooms.
 type Snapshot struct {
-	Mode    Mode
-	Sources []SourceStatus
-	Ranks   []RankSnapshot
-	Gauges  []GaugeSnapshot
+	// Mode and RestartMode are the modes in force (a mode file's while it
+	// holds one); ModeChanges counts their changes since start, and
+	// ModeFileErrors the reads of the mode file that found no valid mode.
+	Mode           Mode
+	RestartMode    Mode
+	ModeChanges    uint64
+	ModeFileErrors uint64
+	Sources        []SourceStatus
+	Ranks          []RankSnapshot
+	Gauges         []GaugeSnapshot
 	// MetricsSampled is false until SGLang's /metrics was read once.
 	MetricsSampled bool
 	SinceProgress  time.Duration
@@ -99,6 +105,9 @@ func (w *Watchdog) Snapshot() Snapshot {
 	now := w.clock.Now()
 	s := Snapshot{
 		Mode:           w.mode,
+		RestartMode:    w.restartMode,
+		ModeChanges:    w.modeChanges,
+		ModeFileErrors: w.modeFile.errors,
 		ForceFails:     map[[2]string]uint64{},
 		Skips:          map[string]uint64{},
 		RoleForceFails: map[[3]string]uint64{},

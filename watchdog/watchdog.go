@@ -34,7 +34,10 @@ type Config struct {
 	PinWindow      time.Duration
 	MaxRooms       int
 
-	Mode           Mode
+	Mode Mode
+	// ModeFile, if set, is a file holding a mode that overrides Mode (and
+	// caps RestartMode) while it exists, re-read every cycle (mode.go).
+	ModeFile       string
 	MaxPerMinute   int
 	ConfirmTimeout time.Duration
 	// MaxAttempts bounds admin calls per room that end in error; retries
@@ -136,11 +139,16 @@ type Watchdog struct {
 	mu      sync.Mutex // guards everything below
 	ranks   []*rankState
 	metrics *metricsState
-	mode    Mode
-	tracked int
-	limits  uint64 // room limit hits
-	pending []*pending
-	ready   bool
+	// mode and restartMode are the modes in force: the flags', or the
+	// mode file's (mode.go).
+	mode        Mode
+	restartMode Mode
+	modeFile    modeFileState
+	modeChanges uint64
+	tracked     int
+	limits      uint64 // room limit hits
+	pending     []*pending
+	ready       bool
 	// requests holds the actuator's bookkeeping per request (all PP stages).
 	requests map[reqKey]*reqState
 	// claimed is, per failure counter family, the value up to which rises
@@ -176,8 +184,10 @@ type Watchdog struct {
 
 	wedgeOrders map[string]uint64 // by OrderResults
 	restarts    map[string]uint64
-	restarted   map[procKey]bool // processes a restart was asked of (or dry-run for)
-	lastRestart time.Time        // last real restart call, for the per-pod interval
+	// restarted holds, per process, the mode of the restart call it had:
+	// after a dry run, a switch to auto may still ask for a real one.
+	restarted   map[procKey]Mode
+	lastRestart time.Time // last real restart call, for the per-pod interval
 
 	scrapeNow chan struct{}
 }
@@ -225,6 +235,7 @@ func New(cfg Config) (*Watchdog, error) {
 		logger:        cfg.Logger,
 		clock:         cfg.Clock,
 		mode:          cfg.Mode,
+		restartMode:   cfg.RestartMode,
 		forceFails:    map[[3]string]uint64{},
 		skips:         map[[2]string]uint64{},
 		claimed:       map[string]float64{},
@@ -236,7 +247,7 @@ func New(cfg Config) (*Watchdog, error) {
 		collisions:    map[rankID]int{},
 		missingStages: map[rankID]int{},
 		restarts:      map[string]uint64{},
-		restarted:     map[procKey]bool{},
+		restarted:     map[procKey]Mode{},
 		wedgeOrders:   map[string]uint64{},
 	}
 	for _, p := range cfg.Plugins {
@@ -271,6 +282,7 @@ func New(cfg Config) (*Watchdog, error) {
 			}
 		}
 	}
+	w.refreshMode()
 	return w, nil
 }
 
@@ -281,14 +293,12 @@ func (w *Watchdog) Mode() Mode {
 	return w.mode
 }
 
-// SetMode switches the actuator mode at run time.
+// SetMode switches the force-fail mode at run time, for an embedder
+// without a mode file; a mode file's next read overrides it.
 func (w *Watchdog) SetMode(m Mode) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if m != w.mode {
-		level.Warn(w.logger).Log("msg", "force-fail mode changed", "from", w.mode, "to", m)
-	}
-	w.mode = m
+	w.applyModes(m, w.restartMode, ModeSourceAPI)
 }
 
 // Ready reports whether the first read of SGLang's /metrics succeeded (or,
@@ -441,6 +451,7 @@ type rankID struct {
 // RunCycle reads every rank's listing once, updates state, decides and acts.
 func (w *Watchdog) RunCycle(ctx context.Context) {
 	start := w.clock.Now()
+	w.refreshMode()
 	results := make([]listingResult, len(w.ranks))
 	var wg sync.WaitGroup
 	for i, rk := range w.ranks {
