@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
+	"github.com/prometheus/common/promslog"
+	promslogflag "github.com/prometheus/common/promslog/flag"
 	"github.com/prometheus/common/version"
 	"github.com/prometheus/exporter-toolkit/web"
 	"github.com/prometheus/exporter-toolkit/web/kingpinflag"
 
 	"github.com/sglang-watchdog/sglang-watchdog/alertwebhook"
 	"github.com/sglang-watchdog/sglang-watchdog/internal/runconfig"
-	"github.com/sglang-watchdog/sglang-watchdog/logging"
 	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
@@ -53,7 +54,7 @@ func (o *optDuration) value() *time.Duration {
 }
 
 type options struct {
-	log logging.Config
+	log promslog.Config
 
 	web           *web.FlagConfig
 	telemetryPath string
@@ -69,6 +70,8 @@ type options struct {
 	pluginTimeout optDuration
 	pluginTLSFile string
 	allowRemote   bool
+	// node computes this node's plugin URLs (multinode.go).
+	node nodeOptions
 
 	watch            runconfig.Watch
 	decode           runconfig.Decode
@@ -108,8 +111,7 @@ func newApp(o *options) *kingpin.Application {
 	app := kingpin.New(appName, "Prometheus exporter and stuck-request watchdog for SGLang prefill/decode disaggregation.").DefaultEnvars()
 	app.Version(version.Print(appName))
 	app.HelpFlag.Short('h')
-	app.Flag("log.level", "Only log messages with the given severity or above: debug, info, warn, error.").Default("info").EnumVar(&o.log.Level, logging.Levels...)
-	app.Flag("log.format", "Output format of log messages: logfmt or json.").Default("logfmt").EnumVar(&o.log.Format, logging.Formats...)
+	promslogflag.AddFlags(app, &o.log)
 
 	runCmd := app.Command("run", "Export metrics and watch for stuck requests (the default).").Default()
 	o.web = kingpinflag.AddFlags(runCmd, defaultPort)
@@ -124,6 +126,15 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("plugin.timeout", "Timeout of one listing read; shorter than --watchdog.interval. Default: 80% of the interval.").SetValue(&o.pluginTimeout)
 	runCmd.Flag("plugin.tls-config-file", "YAML file with the TLS settings for https plugin URLs (the tls_config block of Prometheus: ca_file, cert_file, key_file, server_name, insecure_skip_verify, min_version).").StringVar(&o.pluginTLSFile)
 	runCmd.Flag("plugin.allow-remote", "Allow plugin and SGLang URLs that are not loopback addresses.").BoolVar(&o.allowRemote)
+	runCmd.Flag("sglang.nnodes", "SGLang's --nnodes: how many nodes (pods) the instance spans. With --sglang.tp-size, the sidecar watches the plugin listeners of its own node (docs/deployment.md, Multi-node instances).").Default("1").IntVar(&o.node.args.NNodes)
+	runCmd.Flag("sglang.node-rank", "SGLang's --node-rank of this pod's node, e.g. $(LWS_WORKER_INDEX).").Default("0").IntVar(&o.node.args.NodeRank)
+	runCmd.Flag("sglang.tp-size", "SGLang's --tp-size. Given, the sidecar computes its node's plugin URLs (http://<--plugin.host>:<--plugin.base-port + index>) instead of taking --plugin.url.").IntVar(&o.node.args.TPSize)
+	runCmd.Flag("sglang.dp-size", "SGLang's --dp-size.").Default("1").IntVar(&o.node.args.DPSize)
+	runCmd.Flag("sglang.pp-size", "SGLang's --pp-size.").Default("1").IntVar(&o.node.args.PPSize)
+	runCmd.Flag("sglang.attn-cp-size", "SGLang's attention context-parallel size (--attn-cp-size, v0.5.10 on), as SGLang resolved it.").Default("1").IntVar(&o.node.args.AttnCPSize)
+	runCmd.Flag("sglang.enable-dp-attention", "SGLang's --enable-dp-attention.").BoolVar(&o.node.args.EnableDPAttention)
+	runCmd.Flag("plugin.base-port", "The plugins' SGLANG_WATCHDOG_PLUGIN_PORT, with --sglang.tp-size.").Default("28100").IntVar(&o.node.basePort)
+	runCmd.Flag("plugin.host", "The plugins' SGLANG_WATCHDOG_PLUGIN_HOST as seen from this sidecar, with --sglang.tp-size.").Default("127.0.0.1").StringVar(&o.node.host)
 	addWatchFlags(runCmd, &o.watch, "dry-run")
 	runCmd.Flag("force-fail.fail-fast", "Send one wedge order per diagnosed transfer wedge, renewed while it holds, so that the plugin fails every room queued behind it at once instead of leaving them hung (auto mode; a dry run in dry-run mode). Needs a plugin that reports transfer_progress.").Default("true").BoolVar(&o.watch.FailFast)
 	runCmd.Flag("force-fail.fail-fast-max-per-minute", "Most new wedge orders over any 60 seconds (renewals are free), apart from --force-fail.max-per-minute.").Default(strconv.Itoa(watchdog.DefaultFailFastPerMinute)).IntVar(&o.watch.FailFastPerMinute)

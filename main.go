@@ -68,11 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
 		return 2
 	}
-	logger, err := logging.New(stderr, o.log)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
-		return 2
-	}
+	logger := logging.New(stderr, o.log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	switch cmd {
@@ -126,6 +122,12 @@ func runWatchdog(ctx context.Context, o *options, logger log.Logger) int {
 	if limit := debug.SetMemoryLimit(-1); limit < 1<<62 {
 		level.Info(logger).Log("msg", "Go memory limit", "bytes", limit, "from", memorySource())
 	}
+	urls, err := nodePluginURLs(o, logger)
+	if err != nil {
+		level.Error(logger).Log("msg", "invalid configuration", "err", err)
+		return 2
+	}
+	o.pluginURLs = urls
 	cfg, err := watchdogConfig(o, logger)
 	if err == nil {
 		err = server.CheckTelemetryPath(o.telemetryPath)
@@ -134,7 +136,7 @@ func runWatchdog(ctx context.Context, o *options, logger log.Logger) int {
 		level.Error(logger).Log("msg", "invalid configuration", "err", err)
 		return 2
 	}
-	if len(cfg.Plugins) == 0 {
+	if len(cfg.Plugins) == 0 && !o.node.given() {
 		level.Warn(logger).Log("msg", "no --plugin.url given: watching SGLang's queue gauges only; stuck requests cannot be listed or released")
 	}
 	if *o.web.WebConfigFile != "" && o.probeAddress == "" {
