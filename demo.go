@@ -278,11 +278,7 @@ func runDemo(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 			}
 		}()
 	}
-	logger, err := logging.New(logs, o.log)
-	if err != nil {
-		fmt.Fprintln(stdout, err)
-		return 2
-	}
+	logger := logging.New(logs, o.log)
 	if d.duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.duration)

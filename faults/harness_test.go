@@ -327,11 +327,11 @@ func newEnv(t *testing.T, o envOptions) *env {
 		t.Fatal(err)
 	}
 	e.sim = sim
-	logger, err := logging.New(e.logs, logging.Config{Level: "debug", Format: "logfmt"})
+	logCfg, err := logging.ParseConfig("debug", "logfmt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.logger = logger
+	e.logger = logging.New(e.logs, logCfg)
 	e.metrics = newFaultServer(t, "metrics", sim.MetricsHandler(), e.clk, !o.down)
 	for i := 0; i < sim.Ranks(); i++ {
 		e.plugins = append(e.plugins, newFaultServer(t, fmt.Sprintf("plugin-%d", i), sim.PluginHandler(i), e.clk, !o.down))

@@ -104,7 +104,8 @@ func TestLoad64Ranks1kRooms(t *testing.T) {
 	sim.Step()
 
 	logs := &syncBuffer{}
-	logger, _ := logging.New(logs, logging.Config{Level: "info"})
+	logCfg, _ := logging.ParseConfig("info", "")
+	logger := logging.New(logs, logCfg)
 	cfg := productionConfig()
 	cfg.Mode = watchdog.ModeDryRun
 	cfg.Clock = clock.Real{}

@@ -118,10 +118,11 @@ func newLiveEnv(t *testing.T, simOpts sglangsim.Options, cfg watchdog.Config, pl
 	for i := 0; i < sim.Ranks(); i++ {
 		e.plugins = append(e.plugins, newFaultServer(t, "plugin", sim.PluginHandler(i), clock.Real{}, true))
 	}
-	logger, err := logging.New(e.logs, logging.Config{Level: "debug"})
+	logCfg, err := logging.ParseConfig("debug", "")
 	if err != nil {
 		t.Fatal(err)
 	}
+	logger := logging.New(e.logs, logCfg)
 	cfg.Clock = clock.Real{}
 	cfg.Logger = logger
 	e.mprobe = &probedMetrics{MetricsSource: collector.NewMetricsScraper(e.metrics.url()+"/metrics", metricsTimeout)}

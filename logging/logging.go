@@ -1,109 +1,131 @@
-// Package logging builds the project's go-kit logger with the output every
-// Prometheus exporter has (logfmt or JSON, ts, caller, level filter), and
-// bridges it to slog for the libraries that take only a *slog.Logger.
+// Package logging gives the project's go-kit loggers the output of
+// prometheus/common/promslog, the Prometheus ecosystem's logger (logfmt or
+// JSON; ts, caller and level in the go-kit style; the --log.level filter),
+// and hands the same handler to the libraries that take only a
+// *slog.Logger (exporter-toolkit).
+//
+// The packages keep go-kit's log.Logger and its key-value pairs; the
+// Logger here turns each line into a slog record for promslog's handler.
 package logging
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
+	"strings"
 	"time"
 
 	"github.com/go-kit/log"
 	"github.com/go-kit/log/level"
+	"github.com/prometheus/common/promslog"
 	slgk "github.com/tjhop/slog-gokit"
 )
-
-// Levels and Formats are the accepted --log.level and --log.format values.
-var (
-	Levels  = []string{"debug", "info", "warn", "error"}
-	Formats = []string{"logfmt", "json"}
-)
-
-// Config is the logger's configuration.
-type Config struct {
-	Level  string
-	Format string
-}
-
-// TimestampLayout is the layout of every line's ts: UTC, milliseconds.
-const TimestampLayout = "2006-01-02T15:04:05.000Z07:00"
 
 // MaxValueLen caps a logged string value. Request ids come from clients:
 // a megabyte of rid must not become a megabyte per log line.
 const MaxValueLen = 256
 
-// logger adds ts and caller to every line. It is a distinct type so that
-// Slog can reach the filtered writer below it: slog records carry their
-// own time and call site, which must replace ts and caller, not repeat
-// them.
-type logger struct {
-	log.Logger            // filter(with(ts, caller, capped(writer)))
-	bare       log.Logger // filter(capped(writer))
+// ParseConfig is the promslog configuration for a --log.level and a
+// --log.format value ("" for their defaults, info and logfmt), as
+// promslog/flag would set it.
+func ParseConfig(lvl, format string) (promslog.Config, error) {
+	cfg := promslog.Config{Level: promslog.NewLevel(), Format: promslog.NewFormat()}
+	if lvl == "" {
+		lvl = "info"
+	}
+	if format == "" {
+		format = "logfmt"
+	}
+	if err := cfg.Level.Set(lvl); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Format.Set(format)
 }
 
-// New returns a logger writing to w. Every line carries the time it was
-// logged (UTC, ms) as ts and the logging call site as caller, once each.
-func New(w io.Writer, cfg Config) (log.Logger, error) {
-	var base log.Logger
-	switch cfg.Format {
-	case "", "logfmt":
-		base = log.NewLogfmtLogger(log.NewSyncWriter(w))
-	case "json":
-		base = log.NewJSONLogger(log.NewSyncWriter(w))
-	default:
-		return nil, fmt.Errorf("unknown log format %q (want logfmt or json)", cfg.Format)
-	}
-	opt, err := levelOption(cfg.Level)
-	if err != nil {
-		return nil, err
-	}
-	base = capValues(base)
-	// The valuer must call time.Now on every line: a method value such as
-	// time.Now().UTC is bound to the instant New ran.
-	now := func() time.Time { return time.Now().UTC() }
-	// Caller depth 6: the call site, level's context, this wrapper, the
-	// filter, the context holding ts and caller, and its valuer binding.
-	stamped := log.With(base, "ts", log.TimestampFormat(now, TimestampLayout), "caller", log.Caller(6))
-	return &logger{Logger: level.NewFilter(stamped, opt), bare: level.NewFilter(base, opt)}, nil
+// Logger is a go-kit log.Logger writing through a slog.Handler.
+type Logger struct {
+	h slog.Handler
 }
 
-// Log forwards to the stamped logger; it exists so that the caller depth
-// is the same for every line.
-func (l *logger) Log(keyvals ...interface{}) error { return l.Logger.Log(keyvals...) }
-
-func levelOption(l string) (level.Option, error) {
-	switch l {
-	case "debug":
-		return level.AllowDebug(), nil
-	case "", "info":
-		return level.AllowInfo(), nil
-	case "warn":
-		return level.AllowWarn(), nil
-	case "error":
-		return level.AllowError(), nil
-	}
-	return nil, fmt.Errorf("unknown log level %q (want debug, info, warn or error)", l)
+// New returns a go-kit logger writing to w through promslog's handler for
+// cfg, in the go-kit style: every line carries the time it was logged (UTC,
+// ms) as ts, its level and its logging call site as caller.
+func New(w io.Writer, cfg promslog.Config) log.Logger {
+	cfg.Writer, cfg.Style = w, promslog.GoKitStyle
+	return &Logger{h: promslog.New(&cfg).Handler()}
 }
 
-// capValues cuts string values longer than MaxValueLen and says by how
-// much. Escaping of control characters is the encoder's job (logfmt and
-// JSON both quote them).
-func capValues(next log.Logger) log.Logger {
-	return log.LoggerFunc(func(keyvals ...interface{}) error {
-		for i := 1; i < len(keyvals); i += 2 {
-			if s, ok := keyvals[i].(string); ok && len(s) > MaxValueLen {
-				kv := append([]interface{}(nil), keyvals...)
-				for j := i; j < len(kv); j += 2 {
-					if s, ok := kv[j].(string); ok && len(s) > MaxValueLen {
-						kv[j] = Truncate(s, MaxValueLen)
-					}
-				}
-				return next.Log(kv...)
-			}
+// Log turns go-kit key-value pairs into one slog record: the level value
+// (go-kit's level package) becomes the record's level, msg its message and
+// the rest its attributes, in order. A line without a level is info.
+func (l *Logger) Log(keyvals ...interface{}) error {
+	ctx := context.Background()
+	lvl, lvlAt := levelOf(keyvals)
+	if !l.h.Enabled(ctx, lvl) {
+		return nil
+	}
+	if len(keyvals)%2 == 1 {
+		keyvals = append(keyvals, log.ErrMissingValue)
+	}
+	var msg string
+	attrs := make([]slog.Attr, 0, len(keyvals)/2)
+	for i := 0; i < len(keyvals); i += 2 {
+		if i == lvlAt {
+			continue
 		}
-		return next.Log(keyvals...)
-	})
+		k, v := fmt.Sprint(keyvals[i]), keyvals[i+1]
+		if s, ok := v.(string); ok {
+			v = Truncate(s, MaxValueLen)
+		}
+		if k == slog.MessageKey && msg == "" {
+			msg = fmt.Sprint(v)
+			continue
+		}
+		attrs = append(attrs, slog.Any(k, v))
+	}
+	// The time is read here, once per line: never a value bound earlier.
+	r := slog.NewRecord(time.Now(), lvl, msg, callSite())
+	r.AddAttrs(attrs...)
+	return l.h.Handle(ctx, r)
+}
+
+// levelOf finds the go-kit level value among keyvals and where its key is
+// (-1: none, info).
+func levelOf(keyvals []interface{}) (slog.Level, int) {
+	for i := 1; i < len(keyvals); i += 2 {
+		if keyvals[i-1] != level.Key() {
+			continue
+		}
+		switch keyvals[i] {
+		case level.DebugValue():
+			return slog.LevelDebug, i - 1
+		case level.InfoValue():
+			return slog.LevelInfo, i - 1
+		case level.WarnValue():
+			return slog.LevelWarn, i - 1
+		case level.ErrorValue():
+			return slog.LevelError, i - 1
+		}
+	}
+	return slog.LevelInfo, -1
+}
+
+// callSite is the program counter of the first caller outside go-kit's
+// log packages (contexts, level filters), for the record's source: promslog
+// prints it as caller. A fixed depth would be wrong for level.Info(l).Log
+// and l.Log alike.
+func callSite() uintptr {
+	var pcs [16]uintptr
+	n := runtime.Callers(3, pcs[:]) // skip runtime.Callers, callSite, Log
+	for _, pc := range pcs[:n] {
+		f, _ := runtime.CallersFrames([]uintptr{pc}).Next()
+		if !strings.HasPrefix(f.Function, "github.com/go-kit/log") {
+			return pc
+		}
+	}
+	return 0
 }
 
 // Truncate returns s cut to at most max bytes (on a rune boundary) with a
@@ -121,40 +143,14 @@ func Truncate(s string, max int) string {
 
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
-// Slog bridges logger for slog-only libraries (exporter-toolkit). The
-// go-kit level filter still applies; slog passes everything down to it.
-// Lines keep the go-kit shape: one ts (the record's time, UTC) and one
-// caller (the slog call site).
+// Slog is l for the libraries that take only a *slog.Logger
+// (exporter-toolkit). A Logger from New hands them its own handler, so their
+// lines are promslog's, with their own time and call site; any other go-kit
+// logger (a test's) gets slog's records as key-value pairs with time and
+// caller keys (slog-gokit), filtered by its own level filter, if any.
 func Slog(l log.Logger) *slog.Logger {
-	target := l
-	if own, ok := l.(*logger); ok {
-		target = own.bare
+	if own, ok := l.(*Logger); ok {
+		return slog.New(own.h)
 	}
-	reshape := log.LoggerFunc(func(keyvals ...interface{}) error {
-		head := make([]interface{}, 0, len(keyvals)+2)
-		rest := make([]interface{}, 0, len(keyvals))
-		var ts, caller interface{}
-		for i := 0; i+1 < len(keyvals); i += 2 {
-			switch keyvals[i] {
-			case slog.TimeKey:
-				if t, ok := keyvals[i+1].(time.Time); ok {
-					ts = t.UTC().Format(TimestampLayout)
-					continue
-				}
-			case "caller":
-				caller = keyvals[i+1]
-				continue
-			}
-			rest = append(rest, keyvals[i], keyvals[i+1])
-		}
-		if ts == nil {
-			ts = time.Now().UTC().Format(TimestampLayout)
-		}
-		head = append(head, "ts", ts)
-		if caller != nil {
-			head = append(head, "caller", caller)
-		}
-		return target.Log(append(head, rest...)...)
-	})
-	return slog.New(slgk.NewGoKitHandler(reshape, slog.LevelDebug))
+	return slog.New(slgk.NewGoKitHandler(l, slog.LevelDebug))
 }
