@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The linters, on the main module and on deploy/verify:
+#   - go mod tidy -diff: go.mod and go.sum say exactly what the code imports;
 #   - gofmt and go vet;
 #   - jsonnet-lint on the mixin's sources (mixtool is not served by the Go
 #     module proxy: docs/ci.md);
@@ -15,6 +16,13 @@ cd "$(dirname "$0")/.."
 source scripts/release-tools.sh
 
 bash scripts/deps-lint.sh --golangci
+
+for module in . deploy/verify; do
+	if ! (cd "${module}" && go mod tidy -diff); then
+		echo "lint: ${module}/go.mod or go.sum is not tidy: run go mod tidy there" >&2
+		exit 1
+	fi
+done
 
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then
