@@ -2,6 +2,7 @@ package main
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kingpin/v2"
@@ -106,11 +107,23 @@ func (o *options) metricsSource() string {
 	return o.metricsURL
 }
 
+// usageTemplate is kingpin's default help with the default command's flags
+// in the top-level help too: `sglang-watchdog --help` is what an operator
+// reads, and run is what the sidecar runs.
+var usageTemplate = strings.Replace(kingpin.DefaultUsageTemplate, "{{else if .App.Commands -}}\nCommands:\n", `{{else if .App.Commands -}}
+{{range .App.Commands}}{{if .Default -}}
+Flags of {{.Name}}, the default command:
+{{.Flags|FlagsToTwoColumns|FormatTwoColumns}}
+{{end}}{{end -}}
+Commands:
+`, 1)
+
 // newApp declares every flag. Tests parse manifests' arguments with it.
 func newApp(o *options) *kingpin.Application {
 	app := kingpin.New(appName, "Prometheus exporter and stuck-request watchdog for SGLang prefill/decode disaggregation.").DefaultEnvars()
 	app.Version(version.Print(appName))
 	app.HelpFlag.Short('h')
+	app.UsageTemplate(usageTemplate)
 	promslogflag.AddFlags(app, &o.log)
 
 	runCmd := app.Command("run", "Export metrics and watch for stuck requests (the default).").Default()

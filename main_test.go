@@ -172,3 +172,30 @@ func TestForceFailDefaultURLIsPluginDefault(t *testing.T) {
 		t.Errorf("force-fail's default --plugin.url is %q; the plugin's default port gives %q", o.ffURLs, want)
 	}
 }
+
+// TestTopLevelHelpShowsRunFlags: `sglang-watchdog --help` lists every flag
+// of run, the default command an operator starts, besides the global flags
+// and the commands.
+func TestTopLevelHelpShowsRunFlags(t *testing.T) {
+	var out, errb strings.Builder
+	if code := run([]string{"--help"}, &out, &errb); code != 0 {
+		t.Fatalf("--help exited %d: %s", code, errb.String())
+	}
+	help := out.String()
+	var o options
+	for _, c := range newApp(&o).Model().Commands {
+		if !c.Default {
+			continue
+		}
+		for _, f := range c.Flags {
+			if !f.Hidden && !strings.Contains(help, "--"+f.Name+"=") && !strings.Contains(help, "--[no-]"+f.Name+" ") {
+				t.Errorf("--help does not list %s's flag --%s", c.Name, f.Name)
+			}
+		}
+	}
+	for _, want := range []string{"--log.level=info", "Commands:", "force-fail --rid=RID"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
