@@ -173,6 +173,10 @@ func routes(o Options) (http.Handler, error) {
 			Name:        "SGLang watchdog",
 			Description: "Prometheus exporter and stuck-request watchdog for SGLang prefill/decode disaggregation",
 			Version:     version.Info(),
+			// No profiling endpoint is served (docs/hardening.md: the
+			// sidecar's surface is its metrics, health, verdict and webhook
+			// routes), so the page links none.
+			Profiling: "false",
 			Links: []web.LandingLinks{
 				{Address: o.TelemetryPath, Text: "Metrics"},
 				{Address: PathHealthy, Text: "Health"},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -153,5 +155,33 @@ func TestServeAndAddr(t *testing.T) {
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+}
+
+// Every link of the landing page answers 200 once the watchdog has run a
+// cycle; none points at an endpoint that is not served (pprof).
+func TestLandingPageLinksAnswer(t *testing.T) {
+	o := options(t, "/metrics", 0)
+	o.Watchdog.RunCycle(context.Background())
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	links := regexp.MustCompile(`href="([^"]+)"`).FindAllStringSubmatch(rec.Body.String(), -1)
+	if rec.Code != http.StatusOK || len(links) < 3 {
+		t.Fatalf("landing page: %d, links %v", rec.Code, links)
+	}
+	for _, l := range links {
+		u, err := url.Parse(l[1])
+		if err != nil || u.IsAbs() {
+			continue // the page's own references off this server
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/"+strings.TrimPrefix(u.RequestURI(), "/"), nil))
+		if rec.Code != http.StatusOK {
+			t.Errorf("landing page link %s answers %d", l[1], rec.Code)
+		}
 	}
 }
