@@ -79,6 +79,8 @@ type options struct {
 	webhook          bool
 	webhookTokenFile string
 	webhookMatch     []string
+	// configCheck: --config.check, validate and exit.
+	configCheck bool
 
 	// inflight
 	output string
@@ -160,6 +162,8 @@ func newApp(o *options) *kingpin.Application {
 	runCmd.Flag("restart.mode", "Escalate a diagnosed transfer wedge to a restart of the SGLang server through the plugin: off, dry-run or auto.").Default("off").EnumVar(&o.watch.RestartMode, "off", "dry-run", "auto")
 	runCmd.Flag("restart.min-interval", "Least time between two restarts of this pod; a process is never restarted twice.").Default(watchdog.DefaultRestartMinInterval.String()).DurationVar(&o.watch.RestartMinInterval)
 	runCmd.Flag("restart.state-file", "File that keeps the time of the last restart across restarts of the watchdog itself, on a volume that outlives its container (an emptyDir); without it a crash-looping watchdog forgets --restart.min-interval. Written before each restart request, and at start in auto mode.").StringVar(&o.watch.RestartStateFile)
+	runCmd.Flag("force-fail.mode-file", "File holding off, dry-run or auto (e.g. a mounted ConfigMap key), re-read every --watchdog.interval: while it holds a valid mode, that mode overrides --force-fail.mode and caps --restart.mode, so an SRE switches modes without restarting SGLang's pods. Missing: the flags' modes apply. Invalid: the modes stay as they were (logged, counted in sglang_watchdog_mode_file_errors_total).").StringVar(&o.watch.ModeFile)
+	runCmd.Flag("config.check", "Check every flag and every file the flags name (web config, token files, TLS and HTTP client configs, mode file, restart state file, URLs), print \""+configOKMessage+"\" and exit 0, or the error and exit 2, without listening or reading SGLang.").NoEnvar().BoolVar(&o.configCheck)
 	runCmd.Flag("alertmanager.webhook", "Serve POST "+alertwebhook.Path+": a firing "+alertwebhook.AlertName+" alert about this watchdog force-fails the stuck requests of its rank, through the same rails as auto mode. Needs --alertmanager.webhook.token-file and --alertmanager.webhook.match-label.").BoolVar(&o.webhook)
 	runCmd.Flag("alertmanager.webhook.token-file", "File holding the bearer token Alertmanager must send to the webhook; re-read on every delivery.").StringVar(&o.webhookTokenFile)
 	runCmd.Flag("alertmanager.webhook.match-label", "NAME=VALUE that an alert must carry to be acted on, naming this watchdog, e.g. pod=$(POD_NAME) (repeatable; all must match).").StringsVar(&o.webhookMatch)

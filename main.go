@@ -65,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exited
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", appName, err)
+		fmt.Fprintf(stderr, "%s: %v\n", appName, flagError(args, err))
 		return 2
 	}
 	logger := logging.New(stderr, o.log)
@@ -73,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	switch cmd {
 	case "run":
-		return runWatchdog(ctx, &o, logger)
+		return runWatchdog(ctx, &o, logger, stdout)
 	case "inflight":
 		return runInflight(ctx, &o, stdout, stderr)
 	case "force-fail":
@@ -113,7 +113,11 @@ func newServer(o *options, wd *watchdog.Watchdog, receiver *alertwebhook.Receive
 		MaxRequests: o.maxRequests, Web: o.web, ProbeAddress: o.probeAddress, Logger: logger})
 }
 
-func runWatchdog(ctx context.Context, o *options, logger log.Logger) int {
+func runWatchdog(ctx context.Context, o *options, logger log.Logger, stdout io.Writer) int {
+	if o.configCheck {
+		// A check's answer is its errors, or one line on stdout.
+		logger = level.NewFilter(logger, level.AllowError())
+	}
 	level.Info(logger).Log("msg", "Starting "+appName, "version", version.Info())
 	level.Info(logger).Log("msg", "Build context", "build_context", version.BuildContext())
 	if os.Geteuid() == 0 {
@@ -152,6 +156,14 @@ func runWatchdog(ctx context.Context, o *options, logger log.Logger) int {
 		level.Error(logger).Log("msg", "invalid configuration", "err", err)
 		return 2
 	}
+	if o.configCheck {
+		if err := checkFiles(o); err != nil {
+			level.Error(logger).Log("msg", "invalid configuration", "err", err)
+			return 2
+		}
+		fmt.Fprintln(stdout, configOKMessage)
+		return 0
+	}
 	live := newLiveness(o, wd)
 	srv, err := newServer(o, wd, receiver, live, logger)
 	if err != nil {
@@ -159,7 +171,7 @@ func runWatchdog(ctx context.Context, o *options, logger log.Logger) int {
 		return 1
 	}
 	level.Info(logger).Log("msg", "watching", "plugins", strings.Join(o.pluginURLs, ","), "sglang_metrics", o.metricsSource(),
-		"mode", cfg.Mode, "deadline", cfg.Deadline, "stall_window", cfg.StallWindow, "pin_window", cfg.PinWindow)
+		"mode", wd.Mode(), "deadline", cfg.Deadline, "stall_window", cfg.StallWindow, "pin_window", cfg.PinWindow)
 	return serveAndWatch(ctx, srv, live, wd, receiver, logger)
 }
 

@@ -43,6 +43,8 @@ type Watch struct {
 	RestartMode        string
 	RestartMinInterval time.Duration
 	RestartStateFile   string
+	// ModeFile overrides Mode at run time (watchdog.Config.ModeFile).
+	ModeFile string
 }
 
 // Decode say how a decode-side watchdog asks the watchdogs of the prefill
@@ -143,6 +145,7 @@ func Watchdog(o Options, logger log.Logger) (watchdog.Config, error) {
 		PinWindow:       w.PinWindow,
 		MaxRooms:        w.MaxRooms,
 		Mode:            mode,
+		ModeFile:        w.ModeFile,
 		MaxPerMinute:    w.MaxPerMinute,
 		ConfirmTimeout:  w.ConfirmTimeout,
 
