@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -438,9 +439,23 @@ func validateDecodeRequest(r *DecodeRequest) error {
 		return fmt.Errorf("(rid %q) has progress %d, want >= -1", r.RID, r.Progress)
 	case r.ChunksExpected != nil && *r.ChunksExpected < 0:
 		return fmt.Errorf("(rid %q) has chunks_expected %d, want >= 0 or null", r.RID, *r.ChunksExpected)
+	case len(r.PrefillRankAddrs) > MaxPrefillRankAddrs:
+		return fmt.Errorf("(rid %q) has %d prefill_rank_addrs, want at most %d", r.RID, len(r.PrefillRankAddrs), MaxPrefillRankAddrs)
+	}
+	for _, a := range r.PrefillRankAddrs {
+		if _, port, err := net.SplitHostPort(a); err != nil || port == "" || len(a) > maxPrefillRankAddrBytes {
+			return fmt.Errorf("(rid %q) has prefill_rank_addrs entry %q, want host:port", r.RID, a)
+		}
 	}
 	return nil
 }
+
+// MaxPrefillRankAddrs bounds a decode request's prefill_rank_addrs: a
+// receiver talks to the ranks of one prefill DP rank's attention group
+// and PP stages.
+const MaxPrefillRankAddrs = 256
+
+const maxPrefillRankAddrBytes = 256
 
 // validateServer checks the fields of server that older plugins leave
 // out (levers, pp_size, transfer_queues); absent ones are unknown and pass.

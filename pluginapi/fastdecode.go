@@ -553,9 +553,27 @@ func (d *fastDecoder) decodeRequests() ([]DecodeRequest, bool) {
 				r.HealthCheck, ok = d.boolv()
 			case "waiting_for_memory":
 				r.WaitingForMemory, ok = d.boolv()
+			case "prefill_rank_addrs":
+				r.PrefillRankAddrs, ok = d.strings()
 			}
 			return ok
 		})
+	})
+	if isNull {
+		return nil, ok
+	}
+	return out, ok
+}
+
+// strings parses an array of strings, or null (nil). The strings are
+// interned with the links': every request of a receiver lists the same
+// few prefill ranks.
+func (d *fastDecoder) strings() ([]string, bool) {
+	out := []string{}
+	isNull, ok := d.array(func() bool {
+		v, ok := d.link()
+		out = append(out, v)
+		return ok
 	})
 	if isNull {
 		return nil, ok

@@ -280,6 +280,12 @@ type DecodeRequest struct {
 	// waiting timeout starts when the metadata is sent), so it is not
 	// stuck. False from plugins that predate it.
 	WaitingForMemory bool `json:"waiting_for_memory"`
+	// PrefillRankAddrs are the "ip:port" addresses of the prefill ranks the
+	// request's KV receiver talks to (SGLang's bootstrap_infos), in its
+	// order; nil when absent (older plugins, or before the receiver
+	// fetched them), and a verdict lookup then goes to the host of
+	// BootstrapAddr.
+	PrefillRankAddrs []string `json:"prefill_rank_addrs,omitempty"`
 }
 
 // OrphanedTransfer is a room gone from the inflight queue whose transfer

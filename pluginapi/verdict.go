@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,10 +40,13 @@ const MaxVerdictRIDBytes = 256
 // VerdictQuery names the decode request a verdict is asked for.
 type VerdictQuery struct {
 	// BootstrapAddr is the request's bootstrap_addr: its host names the
-	// prefill peer to ask.
+	// prefill peer to ask when PrefillRankAddrs is empty.
 	BootstrapAddr string
-	Room          uint64
-	RID           string
+	// PrefillRankAddrs are the request's prefill_rank_addrs: the hosts of
+	// the prefill ranks its receiver talks to, each asked.
+	PrefillRankAddrs []string
+	Room             uint64
+	RID              string
 	// AgeSeconds is the decode request's age_seconds: how long ago the
 	// decode side first saw it, a duration on its own clock.
 	AgeSeconds float64
@@ -202,17 +206,17 @@ func NewVerdictClient(opts VerdictClientOptions) (*VerdictClient, error) {
 	return &VerdictClient{opts: opts, cache: map[verdictCacheKey]verdictCacheEntry{}}, nil
 }
 
-// BaseURL returns the prefill watchdog URL for a bootstrap address, or an
-// error, without any request, when its host is not an IP address in the
-// allowed networks.
-func (c *VerdictClient) BaseURL(bootstrapAddr string) (string, netip.Addr, error) {
-	host, _, err := net.SplitHostPort(bootstrapAddr)
+// BaseURL returns the prefill watchdog URL for a bootstrap or prefill
+// rank address, or an error, without any request, when its host is not an
+// IP address in the allowed networks.
+func (c *VerdictClient) BaseURL(addr string) (string, netip.Addr, error) {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", netip.Addr{}, fmt.Errorf("bootstrap_addr %q: %w", bootstrapAddr, err)
+		return "", netip.Addr{}, fmt.Errorf("prefill address %q: %w", addr, err)
 	}
 	ip, err := netip.ParseAddr(host)
 	if err != nil || ip.Zone() != "" {
-		return "", netip.Addr{}, fmt.Errorf("bootstrap_addr %q: the host must be an IP address (names are never resolved for a lookup)", bootstrapAddr)
+		return "", netip.Addr{}, fmt.Errorf("prefill address %q: the host must be an IP address (names are never resolved for a lookup)", addr)
 	}
 	ip = ip.Unmap()
 	allowed := false
@@ -223,7 +227,7 @@ func (c *VerdictClient) BaseURL(bootstrapAddr string) (string, netip.Addr, error
 		}
 	}
 	if !allowed {
-		return "", ip, fmt.Errorf("bootstrap_addr %q is outside the allowed prefill networks: not asked", bootstrapAddr)
+		return "", ip, fmt.Errorf("prefill address %q is outside the allowed prefill networks: not asked", addr)
 	}
 	h := ip.String()
 	if ip.Is6() {
@@ -232,13 +236,62 @@ func (c *VerdictClient) BaseURL(bootstrapAddr string) (string, netip.Addr, error
 	return strings.Replace(c.opts.URLTemplate, "{host}", h, 1), ip, nil
 }
 
-// Verdict asks the watchdog of the prefill peer at q.BootstrapAddr for its
-// verdict on q's request.
+// maxVerdictHosts bounds the prefill hosts asked for one request: the
+// nodes of one prefill instance, 2 to 4 in SGLang's own examples.
+const maxVerdictHosts = 8
+
+// verdictRank orders the verdicts of several hosts: the combined answer is
+// the one ranked highest.
+var verdictRank = map[string]int{VerdictUnknown: 0, VerdictStopped: 1, VerdictInQueue: 2, VerdictLive: 3}
+
+// Verdict asks for the prefill side's verdict on q's request: the watchdog
+// on the host of each of its prefill ranks (q.PrefillRankAddrs), or, when
+// the listing gave none, the one on the host of q.BootstrapAddr. Over
+// several hosts (a prefill instance on several nodes, one watchdog each)
+// any failure is the answer, then live, then in_queue, then stopped: a
+// watchdog that watches none of the room's ranks, such as a worker node's,
+// answers unknown and is outvoted by one that does, while a watchdog that
+// watches a stage still holding the room answers in_queue.
 func (c *VerdictClient) Verdict(ctx context.Context, q VerdictQuery) (RoomVerdict, error) {
-	base, ip, err := c.BaseURL(q.BootstrapAddr)
-	if err != nil {
-		return RoomVerdict{}, err
+	addrs := q.PrefillRankAddrs
+	if len(addrs) == 0 {
+		addrs = []string{q.BootstrapAddr}
 	}
+	type target struct {
+		base string
+		ip   netip.Addr
+	}
+	var targets []target
+	for _, a := range addrs {
+		base, ip, err := c.BaseURL(a)
+		if err != nil {
+			return RoomVerdict{}, err
+		}
+		if !slices.ContainsFunc(targets, func(t target) bool { return t.ip == ip }) {
+			targets = append(targets, target{base, ip})
+		}
+	}
+	if len(targets) > maxVerdictHosts {
+		return RoomVerdict{}, fmt.Errorf("the request's prefill ranks are on %d hosts, more than the %d asked for one request", len(targets), maxVerdictHosts)
+	}
+	var out RoomVerdict
+	for i, t := range targets {
+		v, err := c.hostVerdict(ctx, t.base, t.ip, q)
+		if err != nil {
+			return RoomVerdict{}, err
+		}
+		// Of two releases, the later one says how long the room has been
+		// quiet on every stage.
+		if i == 0 || verdictRank[v.Verdict] > verdictRank[out.Verdict] ||
+			(v.Verdict == out.Verdict && v.ReleasedSecondsAgo < out.ReleasedSecondsAgo) {
+			out = v
+		}
+	}
+	return out, nil
+}
+
+// hostVerdict asks the watchdog at base, on host ip, through the cache.
+func (c *VerdictClient) hostVerdict(ctx context.Context, base string, ip netip.Addr, q VerdictQuery) (RoomVerdict, error) {
 	key := verdictCacheKey{ip, q.Room, q.RID}
 	now := c.opts.Now()
 	c.mu.Lock()

@@ -32,6 +32,7 @@ type stageView struct {
 	started       bool
 	age           float64
 	addr          string
+	prefillAddrs  []string
 	pid           int
 	iterations    uint64
 	unsupported   bool
@@ -151,7 +152,7 @@ func (w *Watchdog) stages(k reqKey) (views []stageView, blocked string, ppSize i
 		}
 		if r, ok := rk.rooms[k.roomKey]; ok {
 			views = append(views, stageView{rank: rk, poll: r.poll, progress: r.progress, inFlightKnown: r.inFlightKnown, inFlight: r.inFlightKnown && r.inFlight,
-				tracked: rk.server.SeesEveryWriter(), dqueue: r.dqueue, started: r.started, age: r.age, addr: r.addr, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
+				tracked: rk.server.SeesEveryWriter(), dqueue: r.dqueue, started: r.started, age: r.age, addr: r.addr, prefillAddrs: r.prefillAddrs, pid: rk.server.PID, iterations: rk.iterations, unsupported: rk.unsupported(), leverNote: rk.server.LeverNote})
 		}
 	}
 	return views, blocked, ppSize

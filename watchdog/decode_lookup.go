@@ -81,11 +81,12 @@ func (w *Watchdog) decodeCleared(ctx context.Context, c candidate, trigger strin
 
 // verdictQueryOf names the decode request to the prefill side: its rid,
 // its room and its youngest stage's age, so that no release from before
-// any stage first saw it can answer for it.
+// any stage first saw it can answer for it; and where to ask, its prefill
+// ranks' hosts.
 func verdictQueryOf(c candidate) pluginapi.VerdictQuery {
 	age := math.Inf(1)
 	for _, s := range c.stages {
 		age = min(age, s.age)
 	}
-	return pluginapi.VerdictQuery{BootstrapAddr: c.stages[0].addr, Room: c.key.room, RID: c.key.rid, AgeSeconds: age}
+	return pluginapi.VerdictQuery{BootstrapAddr: c.stages[0].addr, PrefillRankAddrs: c.stages[0].prefillAddrs, Room: c.key.room, RID: c.key.rid, AgeSeconds: age}
 }

@@ -3,6 +3,7 @@ package watchdog
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,4 +76,25 @@ type verdictFunc func(context.Context, pluginapi.VerdictQuery) (pluginapi.RoomVe
 
 func (f verdictFunc) Verdict(ctx context.Context, q pluginapi.VerdictQuery) (pluginapi.RoomVerdict, error) {
 	return f(ctx, q)
+}
+
+// A decode request's lookup names the prefill ranks its listing gave, so
+// that a prefill instance on several nodes is asked where the room's ranks
+// run, not only on the bootstrap server's node.
+func TestDecodeLookupCarriesPrefillRankAddrs(t *testing.T) {
+	d := newFakeDecode("http://127.0.0.1:30200", 0)
+	r := dreq("held", 11, pluginapi.DecodeQueueTransfer, pluginapi.PollWaitingForInput, 179, boolp(true))
+	r.PrefillRankAddrs = []string{"127.0.0.2:40001", "127.0.0.3:40001"}
+	d.set(r)
+	var got pluginapi.VerdictQuery
+	h := newDecodeHarness(t, nil, []*fakeDecode{d}, func(c *Config) {
+		c.Verdicts = verdictFunc(func(_ context.Context, q pluginapi.VerdictQuery) (pluginapi.RoomVerdict, error) {
+			got = q
+			return pluginapi.RoomVerdict{Verdict: pluginapi.VerdictLive}, nil
+		})
+	})
+	h.tick(32)
+	if got.RID != "held" || got.BootstrapAddr != "127.0.0.1:8998" || !slices.Equal(got.PrefillRankAddrs, r.PrefillRankAddrs) {
+		t.Fatalf("lookup %+v, want the request's bootstrap_addr and prefill_rank_addrs", got)
+	}
 }

@@ -28,6 +28,9 @@ type entry struct {
 	dqueue        string
 	started       bool
 	waitingMemory bool
+	// prefillAddrs are the prefill ranks the receiver talks to
+	// (prefill_rank_addrs), where the verdict is asked.
+	prefillAddrs []string
 }
 
 func (e *entry) key() roomKey { return roomKey{e.rid, e.room} }
@@ -50,7 +53,7 @@ func entries(l *pluginapi.Listing) []entry {
 			d := &l.DecodeRequests[i]
 			out[i] = entry{rid: d.RID, room: d.BootstrapRoom, addr: d.BootstrapAddr, poll: d.Poll, age: d.AgeSeconds,
 				progress: d.Progress, health: d.HealthCheck, dqueue: d.Queue, started: transferMayHaveStarted(d),
-				waitingMemory: d.WaitingForMemory && d.Queue == pluginapi.DecodeQueuePrealloc}
+				waitingMemory: d.WaitingForMemory && d.Queue == pluginapi.DecodeQueuePrealloc, prefillAddrs: d.PrefillRankAddrs}
 		}
 		return out
 	}

@@ -149,6 +149,7 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 		r.health = lr.health
 		r.waitingMemory = lr.waitingMemory
 		r.addr = lr.addr
+		r.prefillAddrs = lr.prefillAddrs
 		r.prompt = lr.prompt
 	}
 	if limitHit {

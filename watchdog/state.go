@@ -33,7 +33,9 @@ type roomState struct {
 	age      float64 // age_seconds from the last listing
 	health   bool
 	addr     string
-	prompt   int
+	// prefillAddrs: decode's prefill_rank_addrs, shared with the listing.
+	prefillAddrs []string
+	prompt       int
 	// transfer_in_flight and transfer_queue; unknown with an older plugin.
 	inFlightKnown bool
 	inFlight      bool
