@@ -168,9 +168,11 @@ func (s *Sim) prefillView(d *dreq, now time.Time) pview {
 	d.g.mu.Lock()
 	defer d.g.mu.Unlock()
 	q := d.q
-	if q.nChunks >= 0 {
-		v.expected = q.nChunks * int64(len(q.senders))
-	}
+	// NIXL's receiver learns how many chunks a stage sends from that
+	// stage's last chunk, and sums them once every stage's has arrived
+	// (SGLang v0.5.18: disaggregation/nixl/conn.py, _track_kv_arrival and
+	// expected_kvs_per_pp): unknown until then.
+	lastArrived := q.nChunks >= 0
 	v.done = true
 	// Decode's plugin lists its leader's receiver, which the prefill
 	// leaders feed (received, posted); the request is done, by decode's own
@@ -181,6 +183,7 @@ func (s *Sim) prefillView(d *dreq, now time.Time) pview {
 			if sd.tp == 0 {
 				v.received += sd.progress
 				v.posted = v.posted || sd.outstanding > 0 || sd.progress > 0
+				lastArrived = lastArrived && sd.progress >= q.nChunks
 			}
 			v.done = v.done && q.nChunks >= 0 && sd.progress >= q.nChunks
 			if alive && sd.writePending(now) {
@@ -188,6 +191,9 @@ func (s *Sim) prefillView(d *dreq, now time.Time) pview {
 				v.wedged = v.wedged || sd.frozen
 			}
 		}
+	}
+	if lastArrived {
+		v.expected = q.nChunks * int64(len(q.senders))
 	}
 	return v
 }
@@ -229,9 +235,11 @@ func (s *Sim) deferredOn() *bool {
 
 // decodeLevers are the plugin's decode levers and why the list is empty.
 func (s *Sim) decodeLevers() ([]string, string) {
+	// Mid-2025 NIXL's receiver latches conclude_state = Failed in abort()
+	// and its poll() returns it first (v0.4.10 to v0.5.11:
+	// disaggregation/common/conn.py CommonKVReceiver.abort, nixl/conn.py
+	// NixlKVReceiver.poll): unlike its sender, it has the lever.
 	switch s.opts.LeverEra {
-	case LeversNIXLMid2025:
-		return []string{}, "mid-2025 NIXL decode: abort() only sets a Failed status that the max()-only update_status ignores, and poll() reads no latched state"
 	case LeversEarly:
 		return []string{}, "this early decode has no receiver abort that its queues release through"
 	}
@@ -440,8 +448,6 @@ func (s *Sim) receiverPoll(d *dreq, v pview, now time.Time) (kvPoll, DecodeEnd, 
 	p, cause, at := pollWaitingForInput, DecodeEnd(""), now
 	if !d.inTransfer && now.Before(d.bootDone) {
 		p = pollBootstrapping
-	} else if d.inTransfer && v.posted && s.opts.Backend == BackendMooncake {
-		p = pollTransferring
 	} else if d.inTransfer {
 		if dl := d.initTime.Add(s.opts.DecodeWaitingTimeout); !now.Before(dl) {
 			p, cause, at = pollFailed, DecodeTimeout, dl
@@ -586,6 +592,7 @@ func (dr *drank) popPreallocated(s *Sim, now time.Time) {
 				kept = append(kept, d)
 				continue
 			}
+			waited := d.waitingMemory
 			d.waitingMemory = false
 			// SGLang's prefill writes nothing before the receiver's
 			// metadata (sent right after preallocation), so a receiver
@@ -596,10 +603,17 @@ func (dr *drank) popPreallocated(s *Sim, now time.Time) {
 			// transfer queue's next poll reads Success.
 			dr.alloc(d, now)
 			d.inTransfer = true
-			// Preallocation and send_metadata follow the handshake at once.
+			// Preallocation and send_metadata follow the handshake at once,
+			// or the pass that found memory for a request that waited; both
+			// receivers start the waiting timeout there (SGLang v0.5.18:
+			// init_time in send_metadata, disaggregation/nixl/conn.py and
+			// mooncake/conn.py).
 			d.initTime = d.admitted
 			if !d.fake && d.bootDone.After(d.admitted) {
 				d.initTime = d.bootDone
+			}
+			if waited {
+				d.initTime = now
 			}
 			dr.transfer = append(dr.transfer, d)
 		default:

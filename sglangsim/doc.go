@@ -458,11 +458,14 @@
 // metadata on (the whole transfer queue: SGLang v0.5.18 sets NIXL's
 // started_transfer and Mooncake's init_time in send_metadata, after which
 // prefill may write at any time), or once a chunk was posted. The receiver's poll is a latched Failed (abort), Success
-// once every chunk of every stage arrived, else WaitingForInput, except on
-// Mooncake once the transfer started: Transferring. The waiting timeout
-// (DecodeWaitingTimeout, 300 s from init_time) fails WaitingForInput rooms,
-// so newest NIXL times out a started incomplete transfer too, and Mooncake
-// never times out a Transferring room (upstream PR #31800). On Success the
+// once every chunk of every stage arrived, else WaitingForInput: no
+// release's decode receiver reads Transferring on either backend (only
+// Mooncake's prefill sender does, and the hicache mixin's; v0.4.6 to
+// v0.5.18 and upstream main, disaggregation/mooncake/conn.py and
+// nixl/conn.py; shown on SGLang's own code by
+// e2e/parity_decode_test.go). The waiting timeout (DecodeWaitingTimeout,
+// 300 s from init_time) fails WaitingForInput rooms, so both backends time
+// out a started incomplete transfer too. On Success the
 // request leaves the queues, decodes for 20 ms and frees its pages.
 //
 // The router sends a request to both servers, waits for both legs and
@@ -501,9 +504,10 @@
 // queue with deferred release on the room registered as a deferred abort
 // (levers ["abort", "deferred_abort"]; ["abort"] in the prealloc queue or
 // without deferred release, the default). The next pass fails the request as above. 501
-// unsupported in LeversNIXLMid2025 and LeversEarly (no lever; the model
-// there keeps the timeout and the heartbeat, sends no ABORT and has no
-// deferred release: server.deferred_release is null). Orders are queued,
+// unsupported in LeversEarly (no lever). LeversNIXLMid2025 keeps the
+// lever (its receiver latches abort()'s Failed) but sends no ABORT; both
+// keep the timeout and the heartbeat and have no deferred release
+// (server.deferred_release is null). Orders are queued,
 // applied inline and withdrawn after OrderTimeout as on prefill; a paused
 // decode loop (PauseDecodeLoop) answers 503. RestartDecode and POST
 // /admin/restart on a decode listener restart the decode server: its

@@ -46,9 +46,11 @@ const (
 	// manager's update_status lets Failed overwrite a present room), and NIXL
 	// senders have _send_failed, which poll() reads first.
 	LeversNewest = "newest"
-	// LeversNIXLMid2025: mid-2025 NIXL: no _send_failed, poll() ignores
-	// conclude_state and a max()-only update_status ignores Failed. No lever
-	// works; the plugin reports none and answers 501.
+	// LeversNIXLMid2025: mid-2025 NIXL: the sender has no _send_failed, its
+	// poll() ignores conclude_state and a max()-only update_status ignores
+	// Failed. No prefill lever works; the plugin reports none and answers
+	// 501. Its decode receiver latches abort()'s Failed, so decode keeps
+	// the abort lever (without the ABORT frame, which came later).
 	LeversNIXLMid2025 = "nixl-mid2025"
 	// LeversEarly: about v0.4.5, the scheduler's Failed branch raises: a poll
 	// that reads Failed crashes the scheduler process, which takes the whole
