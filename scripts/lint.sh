@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The linters, on the main module and on deploy/verify:
 #   - go mod tidy -diff: go.mod and go.sum say exactly what the code imports;
+#   - scripts/check-license.sh (make check_license): no Go file under a
+#     licence other than LICENSE's;
 #   - gofmt and go vet;
 #   - jsonnet-lint on the mixin's sources (mixtool is not served by the Go
 #     module proxy: docs/ci.md);
@@ -23,6 +25,8 @@ for module in . deploy/verify; do
 		exit 1
 	fi
 done
+
+bash scripts/check-license.sh
 
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 if [ -n "$unformatted" ]; then
