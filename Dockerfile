@@ -4,10 +4,14 @@
 # as nonroot. The image adds no build of its own: it copies the binary that
 # promu built from .promu.yml (scripts/release-snapshot.sh, `make
 # release-snapshot`), so the image and the release tarballs carry the same
-# binary, stamped once. Build it with `make image`, which runs:
+# binary, stamped once. Build it with the Makefile: `make docker` loads this
+# machine's image, `make docker-publish docker-manifest IMAGE=<repository>`
+# pushes one image per architecture and their manifest list. Each runs, per
+# architecture:
 #
 #   bash scripts/release-snapshot.sh      # .build/linux-amd64, .build/linux-arm64
-#   docker buildx build --platform linux/amd64,linux/arm64 \
+#   docker build --platform linux/<arch> \
+#     --build-arg TARGETOS=linux --build-arg TARGETARCH=<arch> \
 #     --build-arg VERSION="$(bash scripts/version.sh)" \
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg BUILD_DATE="$(date -u +%Y%m%d-%H:%M:%S)" \
@@ -18,7 +22,8 @@
 # ghcr.io/sglang-watchdog/sglang-watchdog:v<VERSION>.
 FROM gcr.io/distroless/static-debian13:nonroot
 
-# Set by buildx for each platform; the defaults serve a plain docker build.
+# Set by BuildKit for each platform, and by the Makefile for Docker's legacy
+# builder; the defaults serve a plain docker build on amd64.
 ARG TARGETOS=linux
 ARG TARGETARCH=amd64
 ARG VERSION

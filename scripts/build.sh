@@ -8,8 +8,8 @@
 # Usage: scripts/build.sh [OUTPUT]        (default ./sglang-watchdog)
 #
 # Environment (each optional; an empty value counts as unset):
-#   VERSION     default: scripts/version.sh: the release tag's version at a
-#               tag v<VERSION file>, else <VERSION file>-dev+<revision>
+#   VERSION     default: scripts/version.sh: the VERSION file, as promu
+#               stamps it (.promu.yml); the revision tells commits apart
 #   REVISION    default: git rev-parse HEAD, else "unknown"
 #   BRANCH      default: git rev-parse --abbrev-ref HEAD, else "unknown"
 #   BUILD_USER  default: $(id -un)@$(hostname)
