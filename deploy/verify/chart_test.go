@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"path"
 	"sort"
 	"strings"
 	"testing"
@@ -55,8 +56,8 @@ var chartCases = []chartCase{
 	{
 		name: "default",
 		roles: map[string]sidecarWant{
-			"sglang-prefill": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
-			"sglang-decode":  {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+			"sglang-prefill": {mode: "dry-run", ports: []int{28100, 28101}, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
+			"sglang-decode":  {mode: "dry-run", ports: []int{28100, 28101}, secretName: "w-sglang-watchdog-plugin-token", image: "ghcr.io/sglang-watchdog/sglang-watchdog:v0.1.0"},
 		},
 		podMonitors: map[string]string{"prefill": "", "decode": ""},
 		secret:      "w-sglang-watchdog-plugin-token",
@@ -66,9 +67,9 @@ var chartCases = []chartCase{
 	{
 		name: "full",
 		roles: map[string]sidecarWant{
-			"big-prefill": {mode: "auto", pluginBase: 28200, ranks: 4, secretName: "my-plugin-token", restart: "auto", restartSeconds: "3600",
+			"big-prefill": {mode: "auto", ports: []int{28200, 28201, 28202, 28203}, secretName: "my-plugin-token", restart: "auto", restartSeconds: "3600",
 				image: "ghcr.io/sglang-watchdog/sglang-watchdog@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
-			"sglang-decode": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "my-plugin-token",
+			"sglang-decode": {mode: "dry-run", ports: []int{28100, 28101}, secretName: "my-plugin-token",
 				verdictURL: "https://{host}:9433", httpConfigSecret: "prefill-watchdog-client"},
 		},
 		podMonitors:    map[string]string{"prefill": "team", "decode": "team"},
@@ -82,8 +83,8 @@ var chartCases = []chartCase{
 	{
 		name: "hostnetwork",
 		roles: map[string]sidecarWant{
-			"sglang-prefill": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "sglang-watchdog-plugin-token", restart: "dry-run", restartSeconds: "5400"},
-			"sglang-decode":  {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "sglang-watchdog-plugin-token", verdictURL: "http://{host}:9433"},
+			"sglang-prefill": {mode: "dry-run", ports: []int{28100, 28101}, secretName: "sglang-watchdog-plugin-token", restart: "dry-run", restartSeconds: "5400"},
+			"sglang-decode":  {mode: "dry-run", ports: []int{28100, 28101}, secretName: "sglang-watchdog-plugin-token", verdictURL: "http://{host}:9433"},
 		},
 		podMonitors: map[string]string{"prefill": "", "decode": ""},
 		rules:       []string{"watchdog"},
@@ -92,7 +93,7 @@ var chartCases = []chartCase{
 	},
 	{
 		name:        "decode-only",
-		roles:       map[string]sidecarWant{"sglang-decode": {mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: "w-sglang-watchdog-plugin-token"}},
+		roles:       map[string]sidecarWant{"sglang-decode": {mode: "dry-run", ports: []int{28100, 28101}, secretName: "w-sglang-watchdog-plugin-token"}},
 		podMonitors: map[string]string{"decode": ""},
 		secret:      "w-sglang-watchdog-plugin-token",
 	},
@@ -126,9 +127,13 @@ func helmTemplateFor(t *testing.T, apis []string, args ...string) ([]byte, error
 
 func TestChartLint(t *testing.T) {
 	helm := toolPath(t, "helm")
+	files := []string{repoPath(chartRel + "/ci/lws-dp-attention-values.yaml"), repoPath(chartRel + "/ci/rbg-tp-values.yaml")}
 	for _, c := range chartCases {
-		if out, err := run(helm, "lint", "--strict", repoPath(chartRel), "-f", c.values()); err != nil {
-			t.Errorf("%s: %v\n%s", c.name, err, out)
+		files = append(files, c.values())
+	}
+	for _, f := range files {
+		if out, err := run(helm, "lint", "--strict", repoPath(chartRel), "-f", f); err != nil {
+			t.Errorf("%s: %v\n%s", f, err, out)
 		}
 	}
 }
@@ -166,9 +171,20 @@ func TestChartRenders(t *testing.T) {
 				}
 				spec := dep.Spec.Template.Spec
 				checkSidecar(t, c.name+" "+dep.Name, spec, want)
-				if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-					t.Errorf("%s: the patch must set automountServiceAccountToken: false", dep.Name)
+				// The workload's own settings stay: no service-account
+				// setting, no SGLANG_PLUGINS (a whitelist the user may
+				// have), no startup gate by default.
+				if spec.AutomountServiceAccountToken != nil {
+					t.Errorf("%s: the patch sets automountServiceAccountToken, overriding the workload's", dep.Name)
 				}
+				for _, ctr := range spec.Containers {
+					for _, e := range ctr.Env {
+						if e.Name == "SGLANG_PLUGINS" {
+							t.Errorf("%s: the patch sets SGLANG_PLUGINS in %s, overwriting the workload's own", dep.Name, ctr.Name)
+						}
+					}
+				}
+				checkModeFile(t, c.name+" "+dep.Name, spec, strings.TrimPrefix(strings.TrimPrefix(dep.Name, "sglang-"), "big-"))
 				checkHostNetwork(t, c.name+" "+dep.Name, spec, c.hostNetwork)
 			}
 
@@ -213,6 +229,10 @@ func TestChartRenders(t *testing.T) {
 			// The dashboard ConfigMap.
 			var dashboards int
 			for _, cm := range o.configMaps {
+				if cm.Name == release+"-sglang-watchdog-mode" {
+					checkModeConfigMap(t, cm, c.roles)
+					continue
+				}
 				if cm.Labels["grafana_dashboard"] != "1" {
 					t.Errorf("ConfigMap %s lacks the label grafana_dashboard: \"1\"", cm.Name)
 				}
@@ -228,7 +248,7 @@ func TestChartRenders(t *testing.T) {
 				t.Errorf("%d dashboard ConfigMaps, want dashboard=%v", dashboards, c.dashboard)
 			}
 
-			checkHelmTest(t, o.pods)
+			checkHelmTest(t, o.pods, o.services, c.podMonitors)
 
 			// The token Secret, created only when a role uses the plugin and
 			// no existing Secret is named.
@@ -318,66 +338,6 @@ func TestChartSidecarGolden(t *testing.T) {
 	}
 }
 
-// TestChartSidecarMatchesManifests: with the defaults, the chart's sidecar
-// and the plugin settings it adds are exactly those of deploy/kubernetes.
-func TestChartSidecarMatchesManifests(t *testing.T) {
-	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs, err := splitDocs("chart", out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chart := map[string]appsv1.Deployment{}
-	for _, d := range decodeAll(t, docs).deployments {
-		chart[d.Name] = d
-	}
-	for _, role := range []string{"prefill", "decode"} {
-		rel := "deploy/kubernetes/" + role + "/deployment.yaml"
-		docs, err := splitDocs(rel, readRepoFile(t, rel))
-		if err != nil {
-			t.Fatal(err)
-		}
-		manifest := decodeAll(t, docs).deployments[0]
-		patch, ok := chart[manifest.Name]
-		if !ok {
-			t.Errorf("the chart renders no patch for %s", manifest.Name)
-			continue
-		}
-		want := manifest.Spec.Template.Spec
-		got := patch.Spec.Template.Spec
-		sidecar := func(spec corev1.PodSpec) string {
-			c, _ := findSidecar(t, rel, spec)
-			c.ImagePullPolicy = "" // the chart sets it from values; the manifests leave the default
-			b, _ := json.Marshal(c)
-			return string(b)
-		}
-		if a, b := sidecar(got), sidecar(want); a != b {
-			t.Errorf("%s: the chart's sidecar differs from the manifest's:\nchart:    %s\nmanifest: %s", role, a, b)
-		}
-		if !reflect.DeepEqual(got.Volumes, filterVolumes(want.Volumes, got.Volumes)) {
-			t.Errorf("%s: the chart's volumes %+v are not the manifest's", role, got.Volumes)
-		}
-		for _, c := range got.Containers {
-			var m corev1.Container
-			for _, mc := range want.Containers {
-				if mc.Name == c.Name {
-					m = mc
-				}
-			}
-			for _, e := range c.Env {
-				if !hasEnv(m, e.Name, e.Value) {
-					t.Errorf("%s: the chart sets %s=%s in %s, the manifest does not", role, e.Name, e.Value, c.Name)
-				}
-			}
-			if len(c.Env) != len(m.Env) {
-				t.Errorf("%s: the chart sets %d variables in %s, the manifest %d", role, len(c.Env), c.Name, len(m.Env))
-			}
-		}
-	}
-}
-
 // ruleSpecAs returns spec as the chart renders it with
 // prometheusRule.disabledAlerts and additionalRuleLabels: the disabled
 // alerts left out, the labels added to every alert under its own.
@@ -436,10 +396,10 @@ func checkPodMonitorOptions(t *testing.T, pm monitoringv1.PodMonitor, tls bool) 
 	}
 }
 
-// checkHelmTest checks the `helm test` Pod: a test hook that runs the
-// chart's image as `sglang-watchdog demo` under the sidecar's locked-down
-// security context.
-func checkHelmTest(t *testing.T, pods []corev1.Pod) {
+// checkHelmTest checks the `helm test` Pod: a test hook that runs once and
+// asks the sidecar of every enabled role, through that role's Service, which
+// selects the role's pods, not-ready ones included, on the sidecar's ports.
+func checkHelmTest(t *testing.T, pods []corev1.Pod, services []corev1.Service, roles map[string]string) {
 	t.Helper()
 	if len(pods) != 1 {
 		t.Fatalf("%d Pods, want the helm test's", len(pods))
@@ -449,12 +409,28 @@ func checkHelmTest(t *testing.T, pods []corev1.Pod) {
 		t.Fatalf("Pod %s: hook %q, restartPolicy %q, %d containers: want one container, a test hook that runs once", p.Name, p.Annotations["helm.sh/hook"], p.Spec.RestartPolicy, len(p.Spec.Containers))
 	}
 	c := p.Spec.Containers[0]
-	sc := c.SecurityContext
-	if !reflect.DeepEqual(c.Args, []string{"demo"}) || sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
-		t.Errorf("Pod %s: args %q, securityContext %+v: want demo under the sidecar's", p.Name, c.Args, sc)
-	}
+	script := strings.Join(c.Args, " ")
 	if c.Resources.Limits.Memory().IsZero() {
 		t.Errorf("Pod %s: no memory limit", p.Name)
+	}
+	if !strings.Contains(script, ":9434/-/healthy") {
+		t.Errorf("Pod %s does not ask the sidecars' /-/healthy: %s", p.Name, script)
+	}
+	if len(services) != len(roles) {
+		t.Errorf("%d Services, want one per role (%d)", len(services), len(roles))
+	}
+	for _, svc := range services {
+		role := strings.TrimPrefix(svc.Name, release+"-sglang-watchdog-")
+		if _, ok := roles[role]; !ok {
+			t.Errorf("Service %s for no role", svc.Name)
+			continue
+		}
+		if !strings.Contains(script, svc.Name+" ") {
+			t.Errorf("Pod %s does not ask Service %s", p.Name, svc.Name)
+		}
+		if svc.Spec.Selector["app.kubernetes.io/component"] != role || !svc.Spec.PublishNotReadyAddresses {
+			t.Errorf("Service %s: selector %v, publishNotReadyAddresses %v: want the role's pods, loading ones included", svc.Name, svc.Spec.Selector, svc.Spec.PublishNotReadyAddresses)
+		}
 	}
 }
 
@@ -490,7 +466,7 @@ func TestChartWithoutTheOperatorCRDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := decodeAll(t, docs)
-	if len(o.podMonitors)+len(o.prometheusRules) != 0 || len(o.deployments) == 0 || len(o.secrets) != 1 || len(o.configMaps) != 1 {
+	if len(o.podMonitors)+len(o.prometheusRules) != 0 || len(o.deployments) == 0 || len(o.secrets) != 1 || len(o.configMaps) != 2 {
 		t.Errorf("without the CRDs: %d PodMonitors, %d PrometheusRules (want none), %d patches, %d Secrets, %d ConfigMaps",
 			len(o.podMonitors), len(o.prometheusRules), len(o.deployments), len(o.secrets), len(o.configMaps))
 	}
@@ -520,8 +496,15 @@ func TestChartRejectsBadValues(t *testing.T) {
 		"positional":  {"sidecar:\n  extraArgs: [--watchdog.deadline, 90s]\n", `/sidecar/extraArgs/0`},
 		"no selector": {"roles:\n  decode:\n    podSelector: null\n", `missing property 'podSelector'`},
 		"auto without plugin": {
-			"roles:\n  decode:\n    forceFailMode: auto\n    plugin:\n      ranks: 0\n", "forceFailMode auto needs the plugin",
+			"roles:\n  decode:\n    forceFailMode: auto\n    plugin:\n      enabled: false\n", "forceFailMode auto needs the plugin",
 		},
+		"ranks of before": {"roles:\n  decode:\n    plugin:\n      ranks: 4\n", "roles.decode.plugin.ranks is gone: describe the instance in roles.decode.topology"},
+		"nodes of a Deployment": {"roles:\n  decode:\n    topology:\n      nnodes: 2\n      tpSize: 16\n      dpSize: 1\n", "a Deployment runs one pod per instance"},
+		"nodes that do not divide": {"roles:\n  decode:\n    workloadKind: LeaderWorkerSet\n    topology:\n      nnodes: 3\n      tpSize: 16\n      dpSize: 1\n", "nnodes 3 does not divide tpSize * ppSize (16)"},
+		"multi-node DP without DP attention": {"roles:\n  decode:\n    workloadKind: RoleBasedGroup\n    topology:\n      nnodes: 2\n      tpSize: 16\n      dpSize: 2\n", "SGLang refuses multi-node data parallelism without DP attention"},
+		"a flag the chart sets": {"roles:\n  decode:\n    extraArgs: [--sglang.metrics-url=off]\n", "--sglang.metrics-url is set by the chart"},
+		"a limit below the rooms": {"sidecar:\n  resources:\n    limits:\n      memory: 64Mi\n", "limits.memory 64Mi is below what 100000 rooms take"},
+		"a limit in bytes":        {"sidecar:\n  resources:\n    limits:\n      memory: \"300000000\"\n", "give it in Mi or Gi"},
 		"one port for both": {"sidecar:\n  probePort: 9433\n", "sidecar.probePort and sidecar.port are both 9433"},
 		"no mode":           {"roles:\n  decode:\n    mode: null\n", `missing property 'mode'`},
 		"verdicts without networks": {
@@ -556,9 +539,12 @@ func TestChartRejectsBadValues(t *testing.T) {
 
 // TestChartPatchAppliesLikeKubectl applies each rendered sidecar patch the
 // way `kubectl patch --type=strategic` does to a plain SGLang Deployment
-// and gets the Deployment of deploy/kubernetes.
+// with settings of its own (an SGLANG_PLUGINS whitelist, another variable,
+// a service account without its token, a pull secret): the result runs the
+// sidecar and the plugin's settings, and keeps every one of them.
 func TestChartPatchAppliesLikeKubectl(t *testing.T) {
-	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml")
+	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml",
+		"--set", "imagePullSecrets[0].name=regcred")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,33 +552,100 @@ func TestChartPatchAppliesLikeKubectl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	patches := map[string][]byte{}
 	for _, d := range docs {
-		patches[d.name] = d.json
+		role := strings.TrimPrefix(d.name, "sglang-")
+		got := patchPlainSGLang(t, role, d.json)
+		checkSidecar(t, "patched "+d.name, got.Spec.Template.Spec, sidecarWant{mode: "dry-run", ports: []int{28100, 28101}, secretName: "sglang-watchdog-plugin-token"})
+		checkKeepsWorkloadSettings(t, "patched "+d.name, got)
 	}
-	for _, role := range []string{"prefill", "decode"} {
-		want := manifestDeployment(t, role)
-		patch, ok := patches[want.Name]
-		if !ok {
-			t.Fatalf("no patch for %s", want.Name)
-		}
-		original, err := json.Marshal(plainSGLang(want))
-		if err != nil {
-			t.Fatal(err)
-		}
-		merged, err := strategicpatch.StrategicMergePatch(original, patch, appsv1.Deployment{})
-		if err != nil {
-			t.Fatalf("%s: %v", role, err)
-		}
-		var got appsv1.Deployment
-		if err := json.Unmarshal(merged, &got); err != nil {
-			t.Fatal(err)
-		}
-		for i := range got.Spec.Template.Spec.InitContainers {
-			got.Spec.Template.Spec.InitContainers[i].ImagePullPolicy = "" // set by the chart, defaulted in the manifests
-		}
-		if a, b := asJSON(t, sortedMounts(got)), asJSON(t, sortedMounts(want)); a != b {
-			t.Errorf("%s: the patched Deployment differs from deploy/kubernetes:\npatched:  %s\nmanifest: %s", role, a, b)
+}
+
+// patchPlainSGLang applies a strategic merge patch, as kubectl does, to
+// the SGLang Deployment of deploy/kubernetes without the watchdog, given
+// settings of its own that the patch must keep.
+func patchPlainSGLang(t *testing.T, role string, patch []byte) appsv1.Deployment {
+	t.Helper()
+	plain := plainSGLang(manifestDeployment(t, role))
+	spec := &plain.Spec.Template.Spec
+	no := false
+	spec.AutomountServiceAccountToken = &no
+	spec.ServiceAccountName = "sglang"
+	spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "sglang-registry"}}
+	spec.Containers[0].Env = append(spec.Containers[0].Env,
+		corev1.EnvVar{Name: "SGLANG_PLUGINS", Value: "my_plugin,sglang_watchdog"}, corev1.EnvVar{Name: "HF_HOME", Value: "/models"})
+	original, err := json.Marshal(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	merged, err := strategicpatch.StrategicMergePatch(original, patch, appsv1.Deployment{})
+	if err != nil {
+		t.Fatalf("%s: %v", role, err)
+	}
+	var got appsv1.Deployment
+	if err := json.Unmarshal(merged, &got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// checkKeepsWorkloadSettings checks what patchPlainSGLang gave the
+// Deployment is still there after the patch.
+func checkKeepsWorkloadSettings(t *testing.T, name string, d appsv1.Deployment) {
+	t.Helper()
+	spec := d.Spec.Template.Spec
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken || spec.ServiceAccountName != "sglang" {
+		t.Errorf("%s: the workload's service-account settings changed: automount %v, account %q", name, spec.AutomountServiceAccountToken, spec.ServiceAccountName)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%s: %d containers; the patch added one (a wrong sglangContainer?)", name, len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if !hasEnv(c, "SGLANG_PLUGINS", "my_plugin,sglang_watchdog") || !hasEnv(c, "HF_HOME", "/models") {
+		t.Errorf("%s: the workload's own env was overwritten: %+v", name, c.Env)
+	}
+	if c.Image == "" || len(c.Args) == 0 {
+		t.Errorf("%s: SGLang's container lost its image or args", name)
+	}
+	if !slices.Contains(spec.ImagePullSecrets, corev1.LocalObjectReference{Name: "sglang-registry"}) {
+		t.Errorf("%s: the workload's pull secrets were replaced: %v", name, spec.ImagePullSecrets)
+	}
+}
+
+// checkModeConfigMap checks the mode ConfigMap: one key per role, its
+// forceFailMode, and no annotation a pod template could follow.
+func checkModeConfigMap(t *testing.T, cm corev1.ConfigMap, roles map[string]sidecarWant) {
+	t.Helper()
+	want := map[string]string{}
+	for workload, w := range roles {
+		want[strings.TrimPrefix(strings.TrimPrefix(workload, "sglang-"), "big-")] = w.mode
+	}
+	if !reflect.DeepEqual(cm.Data, want) {
+		t.Errorf("ConfigMap %s: %v, want each role's mode %v", cm.Name, cm.Data, want)
+	}
+}
+
+// checkModeFile checks that a role's sidecar reads its key of the mode
+// ConfigMap, mounted optional (a pod starts without it) and read-only.
+func checkModeFile(t *testing.T, name string, spec corev1.PodSpec, role string) {
+	t.Helper()
+	c, _ := findSidecar(t, name, spec)
+	files := flagValues(c.Args, "force-fail.mode-file")
+	if len(files) != 1 {
+		t.Fatalf("%s: --force-fail.mode-file %q, want one", name, files)
+	}
+	var vol *corev1.Volume
+	for i, v := range spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == release+"-sglang-watchdog-mode" {
+			vol = &spec.Volumes[i]
 		}
 	}
+	if vol == nil || vol.ConfigMap.Optional == nil || !*vol.ConfigMap.Optional || len(vol.ConfigMap.Items) != 1 || vol.ConfigMap.Items[0].Key != role {
+		t.Fatalf("%s: no optional volume of the mode ConfigMap's key %s: %+v", name, role, vol)
+	}
+	for _, m := range c.VolumeMounts {
+		if m.Name == vol.Name && m.ReadOnly && path.Join(m.MountPath, vol.ConfigMap.Items[0].Path) == files[0] {
+			return
+		}
+	}
+	t.Errorf("%s: --force-fail.mode-file=%s is not the mode ConfigMap's key mounted read-only", name, files[0])
 }

@@ -1,7 +1,7 @@
 package verify
 
 import (
-	"reflect"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,16 +65,34 @@ type roleBasedGroup struct {
 	} `json:"spec"`
 }
 
+// roleBasedGroupV1alpha2 mirrors the fields of a workloads.x-k8s.io/v1alpha2
+// RoleBasedGroup that the chart's patch uses: roles by name, each with a
+// leaderWorkerPattern whose one template serves the leader and the workers
+// (sgl-project/rbg v0.8.0-alpha.5, api/workloads/v1alpha2).
+type roleBasedGroupV1alpha2 struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Roles []struct {
+			Name                string `json:"name"`
+			LeaderWorkerPattern *struct {
+				Size     *int32                 `json:"size,omitempty"`
+				Template corev1.PodTemplateSpec `json:"template"`
+			} `json:"leaderWorkerPattern,omitempty"`
+		} `json:"roles"`
+	} `json:"spec"`
+}
+
 // podTemplate is one pod template of an example, named for messages.
 type podTemplate struct {
 	name string
 	tmpl corev1.PodTemplateSpec
 	// nodes is the pods of one SGLang server (an LWS group's size);
-	// nodeRank is this template's --node-rank: 0 for a leader, 1 for an LWS
-	// worker (the test refuses worker sidecars in groups of more than two,
-	// whose workers differ in their ranks).
-	nodes, nodeRank int
-	hostNetwork     bool
+	// nodeRanks are the --node-rank values of the pods this template runs:
+	// 0 for a leader, 1 to nodes-1 for LWS workers.
+	nodes       int
+	nodeRanks   []int
+	hostNetwork bool
 }
 
 // examples lists the example files; hostNetwork: their SGLang pods run on
@@ -98,15 +116,17 @@ func loadExamples(t *testing.T) []podTemplate {
 			return
 		}
 		size := int(*lt.Size)
-		if lt.LeaderTemplate != nil {
-			out = append(out, podTemplate{f + " " + name + " leader", *lt.LeaderTemplate, size, 0, hostNetwork})
-		}
 		// Without a leader template, the leader runs the worker template.
-		rank := 0
+		first := 0
 		if lt.LeaderTemplate != nil {
-			rank = 1
+			out = append(out, podTemplate{f + " " + name + " leader", *lt.LeaderTemplate, size, []int{0}, hostNetwork})
+			first = 1
 		}
-		out = append(out, podTemplate{f + " " + name + " worker", lt.WorkerTemplate, size, rank, hostNetwork})
+		var ranks []int
+		for k := first; k < size; k++ {
+			ranks = append(ranks, k)
+		}
+		out = append(out, podTemplate{f + " " + name + " worker", lt.WorkerTemplate, size, ranks, hostNetwork})
 	}
 	for _, e := range examples {
 		f := e.file
@@ -132,7 +152,7 @@ func loadExamples(t *testing.T) []podTemplate {
 					t.Errorf("%s: role %s has no template", f, r.Name)
 					continue
 				}
-				out = append(out, podTemplate{f + " " + g.Name + " role " + r.Name, *r.Template, 1, 0, e.hostNetwork})
+				out = append(out, podTemplate{f + " " + g.Name + " role " + r.Name, *r.Template, 1, []int{0}, e.hostNetwork})
 			}
 		}
 	}
@@ -162,65 +182,60 @@ func intFlag(t *testing.T, name string, args []string, flag string, def int) int
 	return n
 }
 
-// leadRanks returns the plugin ports of the ranks that lead their
-// attention-TP group on one pod of an SGLang server: without DP attention,
-// the dp_size * pp_size leaders all sit on node rank 0 (tp_rank 0 of each
-// DP replica); with DP attention, node n runs TP ranks
-// tp_size/nnodes * n onwards and dp_rank = tp_rank / (tp_size/dp_size)
-// (SGLang v0.5.18, managers/data_parallel_controller.py), each on
-// 28100 + dp_rank * pp_size + pp_rank.
-func leadRanks(t *testing.T, p podTemplate, args []string) (first, count int) {
+// exampleInstance reads an SGLang server's parallelism from its launch
+// args and the plugin's base port from its env.
+func exampleInstance(t *testing.T, p podTemplate, s corev1.Container) instance {
 	t.Helper()
-	dp := intFlag(t, p.name, args, "dp-size", 1)
-	pp := intFlag(t, p.name, args, "pp-size", 1)
-	if !containsArg(args, "--enable-dp-attention") {
-		if p.nodeRank != 0 {
-			return 0, 0
+	in := instance{
+		NNodes: p.nodes, TP: intFlag(t, p.name, s.Args, "tp-size", 1), DP: intFlag(t, p.name, s.Args, "dp-size", 1),
+		PP: intFlag(t, p.name, s.Args, "pp-size", 1), DPAttention: containsArg(s.Args, "--enable-dp-attention"), BasePort: 28100,
+	}
+	for _, e := range s.Env {
+		if e.Name == "SGLANG_WATCHDOG_PLUGIN_PORT" {
+			in.BasePort, _ = strconv.Atoi(e.Value)
 		}
-		return 28100, dp * pp
 	}
-	tp := intFlag(t, p.name, args, "tp-size", 1)
-	if pp != 1 {
-		t.Fatalf("%s: the test knows DP attention layouts with pp_size 1 only", p.name)
-	}
-	attnTP, perNode := tp/dp, tp/p.nodes
-	if perNode < attnTP {
-		t.Fatalf("%s: an attention-TP group spans nodes", p.name)
-	}
-	return 28100 + p.nodeRank*perNode/attnTP, perNode / attnTP
+	return in
 }
 
-// TestExamplesRunTheWatchdogWhereSGLangServes checks every pod template:
-// every pod that runs a scheduler leading its attention-TP group carries
-// the sidecar, which reads exactly that pod's plugin listeners with the
-// token, prefill and decode alike, and SGLang's /metrics where the HTTP
-// server (--port) runs; pods without such schedulers (LWS workers without
-// DP attention, the router) carry none. The pods carry the labels the
-// chart's PodMonitors select, and run on the node's network where the
-// example says so.
+// TestExamplesRunTheWatchdogWhereSGLangServes checks every pod of every
+// example, node rank by node rank: a pod whose node runs a scheduler that
+// leads its attention-TP group carries the sidecar, which, with its args
+// expanded as the kubelet does on that pod, watches exactly the plugin
+// ports the plugin opens on that node (plugin_ports.py: SGLang's placement,
+// the plugin's own rule), with the token, prefill and decode alike, and
+// reads SGLang's /metrics on the pod's --port; pods without such a
+// scheduler (the workers of a plain TP server, the router) carry none. The
+// pods carry the labels the chart's PodMonitors select, and run on the
+// node's network where the example says so.
 func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 	var prefill, decode, workers int
 	for _, p := range loadExamples(t) {
 		spec := p.tmpl.Spec
 		s, isSGLang := sglangServer(spec)
-		_, hasSidecar := findSidecar(t, p.name, spec)
-		serves := isSGLang && len(flagValues(s.Args, "port")) == 1
-		var first, ranks int
-		if isSGLang {
-			first, ranks = leadRanks(t, p, s.Args)
-			checkHostNetwork(t, p.name, spec, p.hostNetwork)
+		sidecar, hasSidecar := findSidecar(t, p.name, spec)
+		if !isSGLang {
+			if hasSidecar {
+				t.Errorf("%s: a pod without SGLang carries the watchdog", p.name)
+			}
+			continue
 		}
-		if ranks == 0 {
+		checkHostNetwork(t, p.name, spec, p.hostNetwork)
+		in := exampleInstance(t, p, s)
+		want := pluginPorts(t, in)
+		var leads bool
+		for _, k := range p.nodeRanks {
+			leads = leads || len(want[k]) > 0
+		}
+		if !leads {
 			if hasSidecar {
 				t.Errorf("%s: a pod without a scheduler that leads its attention-TP group carries the watchdog", p.name)
 			}
 			continue
 		}
-		if !serves {
-			if p.nodes > 2 {
-				t.Errorf("%s: one worker template for %d nodes cannot name each worker's ranks", p.name, p.nodes)
-			}
-			workers++
+		if !hasSidecar {
+			t.Errorf("%s: runs schedulers that lead attention-TP groups, but no sidecar", p.name)
+			continue
 		}
 		mode := flagValues(s.Args, "disaggregation-mode")
 		if len(mode) != 1 || (mode[0] != "prefill" && mode[0] != "decode") {
@@ -233,35 +248,34 @@ func TestExamplesRunTheWatchdogWhereSGLangServes(t *testing.T) {
 		if !containsArg(s.Args, "--enable-metrics") {
 			t.Errorf("%s: SGLang needs --enable-metrics", p.name)
 		}
-		// Both roles: the attention-TP leaders on this pod, watched in
-		// dry-run; restarts stay off.
-		want := sidecarWant{
-			mode:       "dry-run",
-			pluginBase: first,
-			ranks:      ranks,
-			secretName: "sglang-watchdog-plugin-token",
-		}
-		if !hasEnv(s, "SGLANG_PLUGINS", "sglang_watchdog") {
-			t.Errorf("%s: %s SGLang must load the plugin", p.name, mode[0])
-		}
 		if mode[0] == "prefill" {
 			prefill++
 		} else {
 			decode++
 		}
-		checkSidecar(t, p.name, spec, want)
-		u := flagValues(findArgs(t, p.name, spec), "sglang.metrics-url")
-		switch {
-		case serves && (len(u) != 1 || !strings.HasSuffix(u[0], ":"+flagValues(s.Args, "port")[0]+"/metrics")):
-			t.Errorf("%s: --sglang.metrics-url %q does not read SGLang's --port", p.name, u)
-		case !serves && !reflect.DeepEqual(u, []string{""}):
-			t.Errorf("%s: --sglang.metrics-url %q on a pod without SGLang's HTTP server; want it empty", p.name, u)
+		if p.nodeRanks[0] > 0 {
+			workers++
+		}
+		for _, k := range p.nodeRanks {
+			name := fmt.Sprintf("%s node %d", p.name, k)
+			labels, annotations := podMeta("LeaderWorkerSet", k, p.nodes)
+			expanded := sidecar
+			expanded.Args = expandArgs(t, name, sidecar, labels, annotations)
+			// Both roles: this node's attention-TP leaders, watched in
+			// dry-run; restarts stay off.
+			checkSidecar(t, name, corev1.PodSpec{InitContainers: []corev1.Container{expanded}, Containers: spec.Containers, Volumes: spec.Volumes},
+				sidecarWant{mode: "dry-run", ports: want[k], secretName: "sglang-watchdog-plugin-token"})
+			u := flagValues(expanded.Args, "sglang.metrics-url")
+			if len(u) != 1 || !strings.HasSuffix(u[0], ":"+strconv.Itoa(intFlag(t, p.name, s.Args, "port", 30000))+"/metrics") {
+				t.Errorf("%s: --sglang.metrics-url %q does not read SGLang's --port on this node", name, u)
+			}
 		}
 	}
-	// Every example deploys both roles; the DisaggregatedSet's decode
-	// worker runs a sidecar of its own (DP attention over two nodes).
-	if n := len(examples); prefill != n || decode != n+1 || workers != 1 {
-		t.Errorf("want a prefill and a decode server in each of the %d examples and one DP-attention worker, have %d prefill, %d decode and %d worker sidecars", n, prefill, decode, workers)
+	// Every example deploys both roles; the LeaderWorkerSet's and the
+	// DisaggregatedSet's DP-attention servers run sidecars on their
+	// workers too.
+	if n := len(examples); prefill < n || decode < n || workers < 2 {
+		t.Errorf("want a prefill and a decode server in each of the %d examples and DP-attention workers, have %d prefill, %d decode and %d worker sidecars", n, prefill, decode, workers)
 	}
 }
 

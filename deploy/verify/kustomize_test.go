@@ -256,7 +256,7 @@ patches:
 		t.Fatalf("want one Deployment and one Secret, have %d and %d", len(o.deployments), len(o.secrets))
 	}
 	checkSidecar(t, "4 ranks", o.deployments[0].Spec.Template.Spec, sidecarWant{
-		mode: "dry-run", pluginBase: 28100, ranks: 4, secretName: o.secrets[0].Name,
+		mode: "dry-run", ports: []int{28100, 28101, 28102, 28103}, secretName: o.secrets[0].Name,
 	})
 }
 
@@ -290,6 +290,6 @@ patches:
 		t.Fatalf("want one Deployment and one Secret, have %d and %d", len(o.deployments), len(o.secrets))
 	}
 	checkSidecar(t, "decode with verdicts", o.deployments[0].Spec.Template.Spec, sidecarWant{
-		mode: "dry-run", pluginBase: 28100, ranks: 2, secretName: o.secrets[0].Name, verdictURL: "http://{host}:9433",
+		mode: "dry-run", ports: []int{28100, 28101}, secretName: o.secrets[0].Name, verdictURL: "http://{host}:9433",
 	})
 }

@@ -75,7 +75,9 @@ type objects struct {
 	prometheusRules []monitoringv1.PrometheusRule
 	leaderWorkerSet []leaderWorkerSet
 	roleBasedGroups []roleBasedGroup
+	rbgV1alpha2     []roleBasedGroupV1alpha2
 	disaggSets      []disaggregatedSet
+	services        []corev1.Service
 }
 
 // decodeAll decodes every document strictly into its API type; a kind
@@ -122,6 +124,14 @@ func decodeAll(t *testing.T, docs []doc) objects {
 			var obj roleBasedGroup
 			err = decodeStrict(d, &obj)
 			o.roleBasedGroups = append(o.roleBasedGroups, obj)
+		case "workloads.x-k8s.io/v1alpha2 RoleBasedGroup":
+			var obj roleBasedGroupV1alpha2
+			err = decodeStrict(d, &obj)
+			o.rbgV1alpha2 = append(o.rbgV1alpha2, obj)
+		case "v1 Service":
+			var obj corev1.Service
+			err = decodeStrict(d, &obj)
+			o.services = append(o.services, obj)
 		case "disaggregatedset.x-k8s.io/v1 DisaggregatedSet":
 			var obj disaggregatedSet
 			err = decodeStrict(d, &obj)

@@ -1,7 +1,7 @@
 package verify
 
 import (
-	"fmt"
+	"slices"
 	"net/netip"
 	"path"
 	"reflect"
@@ -17,10 +17,11 @@ import (
 
 // sidecarWant is what a pod's watchdog sidecar must run.
 type sidecarWant struct {
-	mode       string // --force-fail.mode
-	pluginBase int    // first plugin port
-	ranks      int    // --plugin.url count
-	secretName string // token Secret, when ranks > 0
+	mode string // --force-fail.mode
+	// ports are the plugin ports the sidecar watches (on a single-node
+	// server; multinode_test.go checks the others); none: no plugin.
+	ports      []int
+	secretName string // token Secret, when there are ports
 	image      string
 	// restart is --restart.mode; "" wants none (and no
 	// SGLANG_WATCHDOG_PLUGIN_ALLOW_RESTART in SGLang).
@@ -89,8 +90,12 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 		t.Errorf("%s: the sidecar must not have a readinessProbe (it would gate SGLang's readiness)", name)
 	}
 	// Probes on the probe listener: --web.config.file must not turn them
-	// into TLS handshakes or 401s.
+	// into TLS handshakes or 401s. A startupProbe is optional: it holds
+	// SGLang's start until it passes.
 	for kind, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe} {
+		if p == nil && kind == "startup" {
+			continue
+		}
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/-/healthy" || p.HTTPGet.Port.String() != "probes" {
 			t.Errorf("%s: the sidecar needs a %s probe on /-/healthy, port probes", name, kind)
 		}
@@ -123,6 +128,10 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 		}
 	}
 	for _, a := range c.Args {
+		// A bool flag takes no value: kingpin refuses --flag=true.
+		if a == "--sglang.enable-dp-attention" {
+			continue
+		}
 		if !strings.HasPrefix(a, "--") || !strings.Contains(a, "=") {
 			t.Errorf("%s: argument %q: use --flag=value", name, a)
 		}
@@ -137,15 +146,11 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 	if got := flagValues(c.Args, "force-fail.mode"); !reflect.DeepEqual(got, []string{want.mode}) {
 		t.Errorf("%s: --force-fail.mode %q, want %q", name, got, want.mode)
 	}
-	var urls []string
-	for i := range want.ranks {
-		urls = append(urls, fmt.Sprintf("http://127.0.0.1:%d", want.pluginBase+i))
-	}
-	if got := flagValues(c.Args, "plugin.url"); !reflect.DeepEqual(got, urls) {
-		t.Errorf("%s: --plugin.url %q, want one per rank %q", name, got, urls)
+	if got := watchedPorts(t, name, c.Args); !reflect.DeepEqual(got, want.ports) {
+		t.Errorf("%s: the sidecar watches plugin ports %v, want %v", name, got, want.ports)
 	}
 	tokenFile := flagValues(c.Args, "plugin.token-file")
-	if want.ranks == 0 {
+	if len(want.ports) == 0 {
 		if len(tokenFile) != 0 {
 			t.Errorf("%s: no plugin, yet --plugin.token-file %q", name, tokenFile)
 		}
@@ -184,7 +189,7 @@ func checkTokenMount(t *testing.T, name string, spec corev1.PodSpec, sidecar cor
 	}
 	var plugin int
 	for _, c := range spec.Containers {
-		if !hasEnv(c, "SGLANG_PLUGINS", "sglang_watchdog") {
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return strings.HasPrefix(e.Name, "SGLANG_WATCHDOG_PLUGIN_") }) {
 			continue
 		}
 		plugin++
@@ -196,7 +201,7 @@ func checkTokenMount(t *testing.T, name string, spec corev1.PodSpec, sidecar cor
 		}
 	}
 	if plugin == 0 {
-		t.Errorf("%s: the sidecar talks to a plugin, but no container sets SGLANG_PLUGINS=sglang_watchdog", name)
+		t.Errorf("%s: the sidecar talks to a plugin, but no container carries the plugin's settings", name)
 	}
 }
 
