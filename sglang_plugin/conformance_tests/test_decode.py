@@ -151,6 +151,15 @@ class _Backend(aftermath.Checked):
         receiver = req.decode_request.kv_receiver
         return None if receiver is None else _RT.poll_names[int(receiver.poll())]
 
+    def prefill_rank_addr(self):
+        """Where the bench's prefill rank told SGLang's bootstrap server it listens: its manager's local_ip
+        (common/conn.py, v0.4.10 on) or the conn module's get_local_ip_by_remote() (v0.4.6), and rank_port."""
+        import sys
+
+        mgr = self.bench.prefill_mgr
+        ip = getattr(mgr, "local_ip", None) or sys.modules[type(mgr).__module__].get_local_ip_by_remote()
+        return f"[{ip}]:{mgr.rank_port}" if ":" in ip else f"{ip}:{mgr.rank_port}"
+
     # Scenarios ------------------------------------------------------------
 
     def test_listing_describes_the_decode_server(self):
@@ -168,6 +177,8 @@ class _Backend(aftermath.Checked):
         self.assertEqual(row["poll"], self.poll_name(req), "the listing's poll differs from SGLang's own poll()")
         self.assertIsNot(row["transfer_started"], False, "metadata was sent: prefill may be writing")
         self.assertFalse(row["health_check"])
+        self.assertEqual(row["prefill_rank_addrs"], [self.prefill_rank_addr()],
+                         "the listing does not name the prefill rank the receiver got from the bootstrap server")
 
         status, body = self.bench.force_fail(req)
         if not self.levers:

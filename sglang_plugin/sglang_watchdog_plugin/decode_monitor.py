@@ -282,4 +282,5 @@ def _row(facts, view, queue, now):
         "health_check": facts.health_check,
         # Only the prealloc queue waits for memory; SGLang leaves the flag set in the transfer queue.
         "waiting_for_memory": queue == PREALLOC and view.waiting_for_memory,
+        "prefill_rank_addrs": None if view.prefill_rank_addrs is None else list(view.prefill_rank_addrs),
     }

@@ -18,7 +18,13 @@ waiting timeout and latches terminal states. Per receiver the plugin reads:
   entry (chunks received per prefill PP rank, chunks expected per rank once
   the last chunk arrived, the number of PP ranks expected);
 * the fake receiver of health checks and warm-ups (no ``bootstrap_room``,
-  no manager on older releases): ``bootstrap_done`` and ``has_sent_metadata``.
+  no manager on older releases): ``bootstrap_done`` and ``has_sent_metadata``;
+* the prefill ranks it talks to, as the bootstrap server gave them:
+  ``bootstrap_infos``, a list of dicts with ``rank_ip`` and ``rank_port``
+  (``disaggregation/common/conn.py`` CommonKVReceiver, v0.4.10 to v0.5.18
+  and main; Mooncake's own receiver in v0.5.3), or one ``bootstrap_info``
+  dict (``nixl/conn.py`` and ``mooncake/conn.py``, v0.4.6). None until the
+  receiver fetched them, and again after a failed fetch (v0.5.18).
 """
 
 import sys
@@ -47,7 +53,12 @@ class ReceiverView(NamedTuple):
     chunks_expected: int | None
     transfer_started: bool | None
     waiting_for_memory: bool = False
+    # "ip:port" of the prefill ranks the receiver talks to, in its order; None: not known.
+    prefill_rank_addrs: tuple | None = None
 
+
+# The watchdog refuses a listing with more (pluginapi.MaxPrefillRankAddrs).
+MAX_PREFILL_RANK_ADDRS = 256
 
 _UNKNOWN_VIEW = ReceiverView(UNKNOWN, -1, None, None)
 
@@ -75,7 +86,34 @@ def observe_receiver(receiver, room):
         poll = WAITING_FOR_INPUT if reads_status is False else _status(manager, room)
         if done is not None and poll not in (SUCCESS, FAILED):
             poll = done  # all chunks are in: the next poll() latches this
-    return ReceiverView(poll, progress, expected, _started(receiver, progress, poll))
+    return ReceiverView(poll, progress, expected, _started(receiver, progress, poll),
+                        prefill_rank_addrs=prefill_rank_addrs(receiver))
+
+
+def prefill_rank_addrs(receiver):
+    """The distinct "ip:port" of the prefill ranks the receiver talks to, None when it has none yet."""
+    infos = getattr(receiver, "bootstrap_infos", None)
+    if infos is None:
+        one = getattr(receiver, "bootstrap_info", None)
+        infos = None if one is None else (one,)
+    if not isinstance(infos, (list, tuple)):
+        return None
+    out = []
+    for info in infos:
+        ip, port = _field(info, "rank_ip"), _field(info, "rank_port")
+        if not ip or isinstance(port, bool) or not isinstance(port, (int, str)) or not str(port).isdigit():
+            continue
+        ip = str(ip)
+        addr = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        if addr not in out:
+            out.append(addr)
+            if len(out) == MAX_PREFILL_RANK_ADDRS:
+                break
+    return tuple(out) or None
+
+
+def _field(info, name):
+    return info.get(name) if isinstance(info, dict) else getattr(info, name, None)
 
 
 _reads_status = {}

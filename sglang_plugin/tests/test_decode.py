@@ -5,7 +5,7 @@ import threading
 import unittest
 from unittest import mock
 
-from sglang_watchdog_plugin import decode, hook
+from sglang_watchdog_plugin import decode, decode_observe, hook
 from sglang_watchdog_plugin.orders import ForceFailOrder
 
 from . import harness, standins
@@ -100,6 +100,10 @@ class DecodeTest(unittest.TestCase):
                           health["progress"], health["transfer_started"]), (0, "2.2.2.2", True, "prealloc", -1, False))
         self.assertTrue(rows["warmup-1"]["health_check"])  # fake host without the rid prefix
         self.assertGreaterEqual(waiting["age_seconds"], 0)
+        # The prefill rank the receiver fetched from the bootstrap server; none before its handshake.
+        self.assertEqual(live["prefill_rank_addrs"], [f"{standins.PREFILL_RANK_IP}:{standins.PREFILL_RANK_PORT}"])
+        self.assertIsNone(waiting["prefill_rank_addrs"])
+        self.assertIsNone(health["prefill_rank_addrs"])
 
     def test_progress_and_completion_show_on_the_next_passes(self):
         mgr = self.scheduler.kv_manager
@@ -470,6 +474,35 @@ class RegressionsFoundOnSGLangTest(unittest.TestCase):
             self.assertEqual(outcome.status, 200, outcome)
             self.assertIs(decode_req.waiting_for_input, expected, f"dry_run={dry_run}")
         self.assertEqual(receiver.conclude_state, KVPoll.Failed)
+
+
+class PrefillRankAddrsTest(unittest.TestCase):
+    """prefill_rank_addrs from the bootstrap infos of each release's receivers."""
+
+    def addrs(self, **attrs):
+        return decode_observe.prefill_rank_addrs(type("Receiver", (), attrs)())
+
+    def test_bootstrap_infos_in_order_without_repeats(self):
+        infos = [{"rank_ip": "10.0.0.2", "rank_port": 40002, "is_dummy": False, "pp_rank": 1},
+                 {"rank_ip": "10.0.0.1", "rank_port": 40001}, {"rank_ip": "10.0.0.2", "rank_port": 40002},
+                 {"rank_ip": "fd00::7", "rank_port": "40003"}]
+        self.assertEqual(self.addrs(bootstrap_infos=infos), ("10.0.0.2:40002", "10.0.0.1:40001", "[fd00::7]:40003"))
+
+    def test_one_bootstrap_info_as_v0_4_6_keeps_it(self):
+        self.assertEqual(self.addrs(bootstrap_info={"rank_ip": "10.0.0.3", "rank_port": 5}), ("10.0.0.3:5",))
+
+    def test_unknown_until_fetched_and_malformed_entries_skipped(self):
+        self.assertIsNone(self.addrs())
+        self.assertIsNone(self.addrs(bootstrap_infos=None))  # a failed fetch (v0.5.18)
+        self.assertIsNone(self.addrs(bootstrap_infos=[]))
+        self.assertIsNone(self.addrs(bootstrap_infos="10.0.0.1:1"))
+        bad = [{"rank_ip": "", "rank_port": 1}, {"rank_ip": "10.0.0.1"}, {"rank_ip": "10.0.0.1", "rank_port": True},
+               {"rank_ip": "10.0.0.1", "rank_port": "x"}, None, 7]
+        self.assertIsNone(self.addrs(bootstrap_infos=bad))
+
+    def test_bounded(self):
+        infos = [{"rank_ip": "10.0.0.1", "rank_port": p} for p in range(1, 1000)]
+        self.assertEqual(len(self.addrs(bootstrap_infos=infos)), decode_observe.MAX_PREFILL_RANK_ADDRS)
 
 
 class PreallocIssue18Test(unittest.TestCase):
