@@ -21,13 +21,14 @@ func TestSidecarArgsCoverEverythingShipped(t *testing.T) {
 		}
 	}
 	for f, want := range map[string]int{
-		"kubernetes/prefill/deployment.yaml":      1,
-		"kubernetes/decode/deployment.yaml":       1,
-		"helm/testdata/sidecar-default.yaml":      2,
-		"helm/testdata/sidecar-full.yaml":         2,
-		"helm/testdata/sidecar-decode-only.yaml":  1,
-		"helm/testdata/sidecar-hostnetwork.yaml":  2,
-		"examples/leaderworkerset/sglang-pd.yaml": 2, // the leaders only
+		"kubernetes/prefill/deployment.yaml":     1,
+		"kubernetes/decode/deployment.yaml":      1,
+		"helm/testdata/sidecar-default.yaml":     2,
+		"helm/testdata/sidecar-full.yaml":        2,
+		"helm/testdata/sidecar-decode-only.yaml": 1,
+		"helm/testdata/sidecar-hostnetwork.yaml": 2,
+		// Leader and worker of prefill and decode (DP attention on two nodes).
+		"examples/leaderworkerset/sglang-pd.yaml": 4,
 		"examples/rolebasedgroup/sglang-pd.yaml":  2,
 		// Prefill, and decode's leader and worker (DP attention on two nodes).
 		"examples/disaggregatedset/sglang-pd.yaml": 3,
