@@ -2,6 +2,7 @@ package sglangsim
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -815,6 +816,11 @@ func (dr *drank) listing(s *Sim, now time.Time) pluginapi.Listing {
 			}
 		}
 		r.TransferStarted = ptrTo(d.transferStarted())
+		if len(s.opts.RankHosts) > 0 && !d.fake && d.g != nil {
+			for _, st := range d.g.stages {
+				r.PrefillRankAddrs = append(r.PrefillRankAddrs, net.JoinHostPort(s.opts.RankHosts[st.idx], strconv.Itoa(KVRankPort(st.idx))))
+			}
+		}
 		l.DecodeRequests = append(l.DecodeRequests, r)
 	}
 	for _, d := range dr.prealloc {

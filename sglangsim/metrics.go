@@ -256,13 +256,29 @@ func metricsHandler(down func() bool, render func() []byte) http.Handler {
 }
 
 // MetricsText renders the /metrics payload.
-func (s *Sim) MetricsText() []byte {
+func (s *Sim) MetricsText() []byte { return s.metricsText(s.ranks) }
+
+// NodeMetricsHandler serves the /metrics of one node of a multi-node
+// instance: the scheduler series of the given ranks only, as the
+// prometheus_client multiprocess directory of that node holds them
+// (SGLang v0.5.18: entrypoints/engine.py, launch_dummy_health_check_server
+// on node_rank >= 1). The tokenizer's counters are summed over those ranks
+// too, a simplification: SGLang's tokenizer runs on node 0 only.
+func (s *Sim) NodeMetricsHandler(ranks []int) http.Handler {
+	rs := make([]*rank, len(ranks))
+	for i, r := range ranks {
+		rs[i] = s.rank(r)
+	}
+	return metricsHandler(s.Booting, func() []byte { return s.metricsText(rs) })
+}
+
+func (s *Sim) metricsText(ranks []*rank) []byte {
 	model := s.modelName()
 	era := s.opts.Era
 	bit := eraBits[era]
-	snaps := make([]rankMetrics, len(s.ranks))
-	pids := make([]int, len(s.ranks))
-	for i, r := range s.ranks {
+	snaps := make([]rankMetrics, len(ranks))
+	pids := make([]int, len(ranks))
+	for i, r := range ranks {
 		r.mu.Lock()
 		snaps[i] = r.m
 		pids[i] = r.pid
@@ -291,7 +307,7 @@ func (s *Sim) MetricsText() []byte {
 		merged := mergeProcesses(snaps)
 		sched = []series{{base: schedLabels(era, model, "", 0, 0, false), pid: pids[0], m: &merged}}
 	default:
-		for i, r := range s.ranks {
+		for i, r := range ranks {
 			sched = append(sched, series{base: schedLabels(era, model, "prefill", r.dp, r.pp, s.opts.DPSize > 1),
 				pid: pids[i], m: &snaps[i]})
 		}

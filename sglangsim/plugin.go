@@ -486,6 +486,42 @@ func (s *Sim) ListenDecode(ctx context.Context) (metricsURL string, pluginURLs [
 	return listen(ctx, refuseWhile(s.DecodeBooting, mux), plugins)
 }
 
+// ListenNode serves one node of a multi-node instance until ctx ends, as
+// the real node does on its own address: its /metrics (NodeMetricsHandler)
+// on host:metricsPort and the plugin API of each of the given ranks on
+// host:basePort + rank index, the plugin's port rule. Every node uses the
+// same ports on its own host.
+func (s *Sim) ListenNode(ctx context.Context, host string, metricsPort, basePort int, ranks []int) (metricsURL string, err error) {
+	var servers []*http.Server
+	serve := func(port int, h http.Handler) error {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, srv)
+		go func() { _ = srv.Serve(ln) }()
+		return nil
+	}
+	err = serve(metricsPort, s.NodeMetricsHandler(ranks))
+	for _, r := range ranks {
+		if err != nil {
+			break
+		}
+		err = serve(basePort+r, s.PluginHandler(r))
+	}
+	go func() {
+		<-ctx.Done()
+		for _, srv := range servers {
+			_ = srv.Close()
+		}
+	}()
+	if err != nil {
+		return "", err
+	}
+	return "http://" + net.JoinHostPort(host, strconv.Itoa(metricsPort)) + "/metrics", nil
+}
+
 func listen(ctx context.Context, metrics http.Handler, plugins []http.Handler) (metricsURL string, pluginURLs []string, err error) {
 	var servers []*http.Server
 	serve := func(h http.Handler) (string, error) {

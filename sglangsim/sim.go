@@ -171,6 +171,13 @@ type Options struct {
 	Token           string // bearer token for /admin/*; "" = none
 	// BootstrapAddr is the bootstrap_addr of normal requests; default DefaultBootstrapAddr.
 	BootstrapAddr string
+	// RankHosts[i] is the host of the node prefill rank i runs on, for an
+	// instance on several nodes (ListenNode). With it, decode lists each
+	// normal request's prefill_rank_addrs: "<host>:<KVRankPort(i)>" of
+	// every PP stage of its prefill DP rank, as SGLang's receiver gets
+	// them from the bootstrap server. Empty: not listed (a plugin that
+	// predates the field).
+	RankHosts []string
 	// ArrivalRate is healthy traffic in requests per simulated second over
 	// all DP ranks (Poisson); 0 = none.
 	ArrivalRate float64
@@ -225,6 +232,10 @@ type Options struct {
 	// exists to measure that view's hazard with AttnTP > 1.
 	LeaderOnlyView bool
 }
+
+// KVRankPort is the rank_port the prefill KV manager of rank i registers
+// with the bootstrap server (SGLang picks a free port; fixed here).
+func KVRankPort(i int) int { return 40000 + i }
 
 // Behavior is how a submitted request's transfer goes.
 type Behavior int
@@ -567,6 +578,10 @@ func New(o Options) (*Sim, error) {
 	if o.BootstrapAddr == "" {
 		o.BootstrapAddr = DefaultBootstrapAddr
 	}
+	if len(o.RankHosts) > 0 && len(o.RankHosts) != o.DPSize*o.PPSize {
+		return nil, fmt.Errorf("sglangsim: %d RankHosts for %d prefill ranks", len(o.RankHosts), o.DPSize*o.PPSize)
+	}
+	o.RankHosts = slices.Clone(o.RankHosts)
 	if o.TransferMedian <= 0 {
 		o.TransferMedian = 200 * time.Millisecond
 	}
