@@ -6,10 +6,10 @@ import (
 	"flag"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"reflect"
 	"slices"
-	"path"
 	"sort"
 	"strings"
 	"testing"
@@ -498,15 +498,15 @@ func TestChartRejectsBadValues(t *testing.T) {
 		"auto without plugin": {
 			"roles:\n  decode:\n    forceFailMode: auto\n    plugin:\n      enabled: false\n", "forceFailMode auto needs the plugin",
 		},
-		"ranks of before": {"roles:\n  decode:\n    plugin:\n      ranks: 4\n", "roles.decode.plugin.ranks is gone: describe the instance in roles.decode.topology"},
-		"nodes of a Deployment": {"roles:\n  decode:\n    topology:\n      nnodes: 2\n      tpSize: 16\n      dpSize: 1\n", "a Deployment runs one pod per instance"},
-		"nodes that do not divide": {"roles:\n  decode:\n    workloadKind: LeaderWorkerSet\n    topology:\n      nnodes: 3\n      tpSize: 16\n      dpSize: 1\n", "nnodes 3 does not divide tpSize * ppSize (16)"},
+		"ranks of before":                    {"roles:\n  decode:\n    plugin:\n      ranks: 4\n", "roles.decode.plugin.ranks is gone: describe the instance in roles.decode.topology"},
+		"nodes of a Deployment":              {"roles:\n  decode:\n    topology:\n      nnodes: 2\n      tpSize: 16\n      dpSize: 1\n", "a Deployment runs one pod per instance"},
+		"nodes that do not divide":           {"roles:\n  decode:\n    workloadKind: LeaderWorkerSet\n    topology:\n      nnodes: 3\n      tpSize: 16\n      dpSize: 1\n", "nnodes 3 does not divide tpSize * ppSize (16)"},
 		"multi-node DP without DP attention": {"roles:\n  decode:\n    workloadKind: RoleBasedGroup\n    topology:\n      nnodes: 2\n      tpSize: 16\n      dpSize: 2\n", "SGLang refuses multi-node data parallelism without DP attention"},
-		"a flag the chart sets": {"roles:\n  decode:\n    extraArgs: [--sglang.metrics-url=off]\n", "--sglang.metrics-url is set by the chart"},
-		"a limit below the rooms": {"sidecar:\n  resources:\n    limits:\n      memory: 64Mi\n", "limits.memory 64Mi is below what 100000 rooms take"},
-		"a limit in bytes":        {"sidecar:\n  resources:\n    limits:\n      memory: \"300000000\"\n", "give it in Mi or Gi"},
-		"one port for both": {"sidecar:\n  probePort: 9433\n", "sidecar.probePort and sidecar.port are both 9433"},
-		"no mode":           {"roles:\n  decode:\n    mode: null\n", `missing property 'mode'`},
+		"a flag the chart sets":              {"roles:\n  decode:\n    extraArgs: [--sglang.metrics-url=off]\n", "--sglang.metrics-url is set by the chart"},
+		"a limit below the rooms":            {"sidecar:\n  resources:\n    limits:\n      memory: 64Mi\n", "limits.memory 64Mi is below what 100000 rooms take"},
+		"a limit in bytes":                   {"sidecar:\n  resources:\n    limits:\n      memory: \"300000000\"\n", "give it in Mi or Gi"},
+		"one port for both":                  {"sidecar:\n  probePort: 9433\n", "sidecar.probePort and sidecar.port are both 9433"},
+		"no mode":                            {"roles:\n  decode:\n    mode: null\n", `missing property 'mode'`},
 		"verdicts without networks": {
 			"roles:\n  decode:\n    prefillWatchdog:\n      enabled: true\n", "prefillWatchdog.networks is empty",
 		},

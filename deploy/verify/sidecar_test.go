@@ -1,10 +1,10 @@
 package verify
 
 import (
-	"slices"
 	"net/netip"
 	"path"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
