@@ -177,13 +177,20 @@ var (
 )
 
 func TestAlertConventions(t *testing.T) {
+	// An alert may have one rule per severity (a stuck request pages in
+	// auto mode and warns in the others), in one file, never two rules
+	// of the same severity.
 	seen := map[string]string{}
 	for _, a := range loadAlerts(t) {
 		t.Run(a.Alert, func(t *testing.T) {
-			if prev, dup := seen[a.Alert]; dup {
+			key := a.Alert + "/" + a.Labels["severity"]
+			if prev, dup := seen[key]; dup {
+				t.Errorf("alert name with severity %q also defined in %s", a.Labels["severity"], prev)
+			}
+			if prev, dup := seen[a.Alert]; dup && prev != a.file {
 				t.Errorf("alert name also defined in %s", prev)
 			}
-			seen[a.Alert] = a.file
+			seen[key], seen[a.Alert] = a.file, a.file
 
 			if !alertNameRE.MatchString(a.Alert) {
 				t.Errorf("name is not CamelCase with the SGLang prefix (want %s)", alertNameRE)

@@ -25,6 +25,13 @@ local windows = import '../lib/windows.libsonnet';
     // sglang_watchdog_* (a federation, a second install under another job).
     local sel(metric, matchers=[]) = promql.selector(metric, [cfg.watchdogSelector] + matchers),
     local inc(metric, matchers, window) = 'increase(%s[%s]) > 0' % [sel(metric, matchers), range(window)],
+    // inMode keeps the series of expr whose watchdog's force-fail mode
+    // matches modeMatcher, with that mode as their mode label.
+    local inMode(expr, modeMatcher) = '(%s) * on (%s) group_left (mode) (%s == 1)' % [
+      expr,
+      on(['instance']),
+      sel('sglang_watchdog_force_fail_mode', [modeMatcher]),
+    ],
 
     groups+: [{
       name: 'sglang-watchdog',
@@ -48,45 +55,99 @@ local windows = import '../lib/windows.libsonnet';
         Windows are derived from a %(scrapeInterval)s scrape (scrapeInterval in the mixin's _config).
       ||| % { up: up, scrapeInterval: cfg.scrapeInterval },
       rules: [
+        // A stuck request pages only where the watchdog is in auto mode and
+        // still finds it stuck after it should have released it: the
+        // watchdog acts on the cycle a request becomes stuck, so one still
+        // there a minute later was rate-limited, refused, unconfirmed or
+        // could not be acted on. In dry-run and off (the recommended soak,
+        // or an SRE's stand-down through --force-fail.mode-file) nothing
+        // will release it and nobody asked the watchdog to: the same alert
+        // is a warning that says what auto mode would do. The mode comes
+        // from sglang_watchdog_force_fail_mode, so a runtime switch changes
+        // the severity too; the alert carries it as its mode label. Both
+        // keep the name the Alertmanager webhook acts on
+        // (--alertmanager.webhook), which in dry-run mode is the warning.
+        //
+        // The watchdog already waits --watchdog.deadline (60s) and
+        // --watchdog.stall-window (30s) before it counts a request as stuck;
+        // `for` only rides out one cycle in which auto mode or the webhook
+        // releases it. Decode requests have their own alert below.
         {
           alert: 'SGLangWatchdogRequestStuck',
-          // The watchdog already waits --watchdog.deadline (60s) and
-          // --watchdog.stall-window (30s) before it counts a request as stuck;
-          // `for` only rides out one cycle in which auto mode or the webhook
-          // releases it. Decode requests have their own alert below.
-          expr: sel('sglang_watchdog_stuck_requests', ['role!="decode"']) + ' > 0',
+          expr: inMode(sel('sglang_watchdog_stuck_requests', ['role!="decode"']) + ' > 0', 'mode="auto"'),
           'for': '1m',
           labels: { severity: 'critical' },
           annotations: {
-            summary: 'A request is stuck in the SGLang prefill inflight queue.',
+            summary: 'A request is stuck in the SGLang prefill inflight queue and the watchdog in auto mode has not released it.',
             description: promql.oneLine(|||
               {{ printf "%.0f" $value }} request(s) on dp_rank {{ $labels.dp_rank }} pp_rank
               {{ $labels.pp_rank }} of {{ $labels.instance }} have been in the prefill
               inflight queue longer than the watchdog deadline with no KV transfer progress
-              while the scheduler loop keeps running. Each one holds KV pages and a client
-              connection until it is force-failed.
+              while the scheduler loop keeps running, and the watchdog, in auto mode, has not
+              released them for a minute: its force-fail was rate-limited, refused,
+              unconfirmed or not possible (sglang_watchdog_force_fail_skips_total,
+              sglang_watchdog_force_fails_total). Each one holds KV pages and a client
+              connection until it is released.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogRequestStuck',
+          expr: inMode(sel('sglang_watchdog_stuck_requests', ['role!="decode"']) + ' > 0', 'mode!="auto"'),
+          'for': '1m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'A request is stuck in the SGLang prefill inflight queue; the watchdog is not in auto mode and leaves it.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} request(s) on dp_rank {{ $labels.dp_rank }} pp_rank
+              {{ $labels.pp_rank }} of {{ $labels.instance }} have been in the prefill
+              inflight queue longer than the watchdog deadline with no KV transfer progress
+              while the scheduler loop keeps running. The watchdog runs in {{ $labels.mode }}
+              mode and does not release them: in auto mode it would force-fail each one
+              through the plugin, within --force-fail.max-per-minute (dry-run counts those
+              calls as result="would_flip"). Each one holds KV pages and a client connection
+              until it is force-failed by hand or the mode is switched to auto.
+            |||),
+          },
+        },
+        // A decode request counts as stuck after --watchdog.decode-deadline
+        // (180s) and the stall window. In auto mode the watchdog releases it
+        // unless its transfer may still be written (transfer_live); SGLang's
+        // own waiting timeout (300s) fails most of the rest. `for: 5m`
+        // leaves both their time and pages only for what outlives them: a
+        // request SGLang never times out (Mooncake Transferring) holds its
+        // slot and KV pages for ever. Severity by mode as above.
+        {
+          alert: 'SGLangWatchdogDecodeRequestStuck',
+          expr: inMode(sel('sglang_watchdog_stuck_requests', ['role="decode"']) + ' > 0', 'mode="auto"'),
+          'for': '5m',
+          labels: { severity: 'critical' },
+          annotations: {
+            summary: 'A request is stuck in the SGLang decode prealloc or transfer queue and the watchdog in auto mode has not released it.',
+            description: promql.oneLine(|||
+              {{ printf "%.0f" $value }} decode request(s) on dp_rank {{ $labels.dp_rank }}
+              pp_rank {{ $labels.pp_rank }} of {{ $labels.instance }} have waited for their
+              KV cache longer than the decode deadline with no progress for over 5 minutes,
+              and neither the watchdog in auto mode nor SGLang's own timeout released them.
+              Each one holds a decode slot, KV pages and a client connection.
             |||),
           },
         },
         {
           alert: 'SGLangWatchdogDecodeRequestStuck',
-          // A decode request counts as stuck after --watchdog.decode-deadline
-          // (180s) and the stall window. In auto mode the watchdog releases it
-          // unless its transfer may still be written (transfer_live); SGLang's
-          // own waiting timeout (300s) fails most of the rest. `for: 5m`
-          // leaves both their time and pages only for what outlives them: a
-          // request SGLang never times out (Mooncake Transferring) holds its
-          // slot and KV pages for ever.
-          expr: sel('sglang_watchdog_stuck_requests', ['role="decode"']) + ' > 0',
+          expr: inMode(sel('sglang_watchdog_stuck_requests', ['role="decode"']) + ' > 0', 'mode!="auto"'),
           'for': '5m',
-          labels: { severity: 'critical' },
+          labels: { severity: 'warning' },
           annotations: {
-            summary: 'A request is stuck in the SGLang decode prealloc or transfer queue.',
+            summary: 'A request is stuck in the SGLang decode prealloc or transfer queue; the watchdog is not in auto mode and leaves it.',
             description: promql.oneLine(|||
               {{ printf "%.0f" $value }} decode request(s) on dp_rank {{ $labels.dp_rank }}
               pp_rank {{ $labels.pp_rank }} of {{ $labels.instance }} have waited for their
               KV cache longer than the decode deadline with no progress for over 5 minutes.
-              Each one holds a decode slot, KV pages and a client connection.
+              The watchdog runs in {{ $labels.mode }} mode and does not release them: in auto
+              mode it would force-fail each one whose transfer is known to have stopped,
+              within --decode.max-per-minute. Each one holds a decode slot, KV pages and a
+              client connection.
             |||),
           },
         },
@@ -302,6 +363,26 @@ local windows = import '../lib/windows.libsonnet';
               were not force-failed in the last 15 minutes because their budget was spent
               (--force-fail.max-per-minute, --force-fail.fail-fast-max-per-minute behind a
               wedge, or --decode.max-per-minute); many rooms are stuck at once.
+            |||),
+          },
+        },
+        {
+          alert: 'SGLangWatchdogModeFileInvalid',
+          // The file is read every cycle, and every read of bad content
+          // counts: the counter rises for as long as the file stays bad. An
+          // SRE who meant to stand the watchdog down (off, dry-run) during an
+          // incident must learn within minutes that the old mode still holds.
+          expr: inc('sglang_watchdog_mode_file_errors_total', [], '2m'),
+          'for': '1m',
+          labels: { severity: 'warning' },
+          annotations: {
+            summary: 'The watchdog cannot use its mode file; the previous mode still holds.',
+            description: promql.oneLine(|||
+              {{ $labels.instance }} read its --force-fail.mode-file {{ printf "%.0f" $value }}
+              time(s) in the last 2 minutes without finding off, dry-run or auto in it: the
+              force-fail and restart modes stay what they were before the file changed
+              (sglang_watchdog_force_fail_mode). Fix the ConfigMap; the watchdog log names the
+              file and its content.
             |||),
           },
         },
