@@ -126,6 +126,10 @@ func runWatchdog(ctx context.Context, o *options, logger log.Logger, stdout io.W
 	if limit := debug.SetMemoryLimit(-1); limit < 1<<62 {
 		level.Info(logger).Log("msg", "Go memory limit", "bytes", limit, "from", memorySource())
 	}
+	if limit, ok := memlimit.Limit(cgroupRoot); ok && limit < memlimit.ForRooms(o.watch.MaxRooms) {
+		level.Warn(logger).Log("msg", "the container's memory limit is below what --watchdog.max-rooms may need: lower the flag or raise the limit",
+			"limit_bytes", limit, "max_rooms", o.watch.MaxRooms, "needs_bytes", memlimit.ForRooms(o.watch.MaxRooms), "rooms_that_fit", memlimit.RoomsFor(limit))
+	}
 	urls, err := nodePluginURLs(o, logger)
 	if err != nil {
 		level.Error(logger).Log("msg", "invalid configuration", "err", err)

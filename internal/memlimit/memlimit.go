@@ -18,6 +18,31 @@ import (
 // the kernel's OOM killer may strike before the collector works harder.
 const Ratio = 0.9
 
+// What the watchdog needs, from BENCHMARKS.md, Footprint (10 minutes, 8
+// simulated ranks, wedges piling rooms up): 18-21 MiB of RSS with about
+// 1,000-2,000 rooms tracked, of which 11 MiB are the binary's own pages,
+// then about 1.6 KiB of RSS per room tracked (1.9 KiB at the high-water
+// mark: 42.5 MiB at 13,772 rooms). BaseBytes and RoomBytes round those up,
+// so that a container limit of ForRooms(--watchdog.max-rooms) holds the
+// peak of a watchdog that tracks every room it may.
+const (
+	BaseBytes = 32 << 20
+	RoomBytes = 2 << 10
+)
+
+// ForRooms is the container memory limit a watchdog that may track rooms
+// rooms needs: BaseBytes + RoomBytes per room (64 MiB fits 16,384 rooms;
+// the default 100,000 needs about 228 MiB).
+func ForRooms(rooms int) int64 {
+	return BaseBytes + int64(rooms)*RoomBytes
+}
+
+// RoomsFor is how many rooms a container limit of limit bytes fits, the
+// inverse of ForRooms (0 below BaseBytes).
+func RoomsFor(limit int64) int {
+	return int(max(0, (limit-BaseBytes)/RoomBytes))
+}
+
 // cgroupFiles hold the memory limit: cgroup v2, then v1.
 var cgroupFiles = []string{"memory.max", "memory/memory.limit_in_bytes"}
 

@@ -59,3 +59,25 @@ func TestSet(t *testing.T) {
 		t.Fatalf("with GOMEMLIMIT: Set = %d, want 0 and the limit untouched", got)
 	}
 }
+
+// The sizing rule holds the footprint measured in BENCHMARKS.md: 42.5 MiB
+// at the peak with 13,772 rooms tracked, 21.0 MiB with about 2,000.
+func TestForRoomsHoldsTheMeasuredFootprint(t *testing.T) {
+	for _, m := range []struct {
+		rooms int
+		peak  float64 // MiB
+	}{{2009, 21.0}, {13772, 42.5}} {
+		if got := float64(ForRooms(m.rooms)) / (1 << 20); got < m.peak {
+			t.Errorf("ForRooms(%d) = %.1f MiB, below the measured peak of %.1f MiB", m.rooms, got, m.peak)
+		}
+	}
+	if got := RoomsFor(64 << 20); got != 16384 {
+		t.Errorf("RoomsFor(64 MiB) = %d, want 16384", got)
+	}
+	if got := RoomsFor(ForRooms(100000)); got != 100000 {
+		t.Errorf("RoomsFor(ForRooms(100000)) = %d", got)
+	}
+	if got := RoomsFor(16 << 20); got != 0 {
+		t.Errorf("RoomsFor(16 MiB) = %d, want 0", got)
+	}
+}
