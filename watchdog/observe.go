@@ -28,15 +28,11 @@ func (w *Watchdog) observeListing(rk *rankState, res listingResult, now time.Tim
 	rk.status.seen = true
 	rk.status.duration = res.duration
 	if res.err != nil {
-		rk.status.up = false
-		rk.status.failures++
-		rk.status.lastErr = res.err.Error()
-		level.Error(w.logger).Log("msg", "reading plugin listing failed", "source", "plugin", "target", rk.status.target, "err", res.err)
+		rk.status.fail(w.logger, now, res.err, "reading plugin listing failed", "plugin")
 		return
 	}
 	l := res.listing
-	rk.status.up = true
-	rk.status.lastErr = ""
+	rk.status.answered(w.logger, now, "plugin listing read again", "plugin")
 	if rk.listed && (l.Loop.Iterations < rk.iterations || l.Server.PID != rk.server.PID) {
 		level.Warn(w.logger).Log("msg", "scheduler restarted: the requests it held are gone", "target", rk.status.target,
 			"dp_rank", l.Server.DPRank, "pp_rank", l.Server.PPRank, "old_pid", rk.server.PID, "pid", l.Server.PID,

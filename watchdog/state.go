@@ -172,6 +172,7 @@ type sourceState struct {
 	duration time.Duration
 	failures uint64
 	lastErr  string
+	log      sourceLog // sourcelog.go
 }
 
 // rankState is what the watchdog knows of one plugin rank.

@@ -373,15 +373,11 @@ func (w *Watchdog) ScrapeMetrics(ctx context.Context) {
 	m.status.seen = true
 	m.status.duration = now.Sub(start)
 	if err != nil {
-		m.status.up = false
-		m.status.failures++
-		m.status.lastErr = err.Error()
+		m.status.fail(w.logger, now, err, "reading SGLang metrics failed", "metrics")
 		w.mu.Unlock()
-		level.Error(w.logger).Log("msg", "reading SGLang metrics failed", "source", "metrics", "target", m.status.target, "err", err)
 		return
 	}
-	m.status.up = true
-	m.status.lastErr = ""
+	m.status.answered(w.logger, now, "SGLang metrics read again", "metrics")
 	w.ready = true
 	w.observeMetrics(sample, now)
 	events = append(events, w.evaluateGauges(now)...)
