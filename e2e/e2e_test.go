@@ -77,7 +77,7 @@ func startSim(t *testing.T, opts sglangsim.Options) (*sglangsim.Sim, context.Con
 }
 
 // inProcessWatchdog builds the watchdog from its packages with the run
-// command's default flags (README, "Flags"), for the tests that need a
+// command's default flags (docs/configuration.md, "Flags"), for the tests that need a
 // fake clock and so cannot run the binary.
 func inProcessWatchdog(t *testing.T, clk clock.Clock, metricsURL string, pluginURLs []string, mode watchdog.Mode, maxPerMinute int) *watchdog.Watchdog {
 	t.Helper()

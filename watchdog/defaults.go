@@ -46,7 +46,7 @@ const (
 	DefaultFailFastMinAge = 2 * time.Second
 )
 
-// Defaults of the actuator's rails (README, "Rate limits").
+// Defaults of the actuator's rails (docs/design.md, "Rate limits").
 const (
 	// DefaultMaxPerMinute bounds the prefill requests force-failed after
 	// their deadline over any 60 s.
