@@ -228,13 +228,14 @@ scrape_configs:
 		return resp.StatusCode == http.StatusOK
 	})
 
-	// The stuck-request alert fires (for: 1m) and reaches the webhook.
+	// The stuck-request alert fires (for: 1m) and reaches the webhook: in
+	// dry-run mode it is the warning, which names the mode.
 	var labels map[string]string
 	waitFor(t, "SGLangWatchdogRequestStuck at the webhook", 150*time.Second, func() bool {
 		labels = sink.find("SGLangWatchdogRequestStuck", "firing")
 		return labels != nil
 	})
-	for k, want := range map[string]string{"dp_rank": "0", "pp_rank": "0", "severity": "critical", "job": "sglang-watchdog",
+	for k, want := range map[string]string{"dp_rank": "0", "pp_rank": "0", "severity": "warning", "mode": "dry-run", "job": "sglang-watchdog",
 		"instance": fmt.Sprintf("127.0.0.1:%d", wdPort)} {
 		if labels[k] != want {
 			t.Errorf("alert label %s = %q, want %q (labels %v)", k, labels[k], want, labels)
