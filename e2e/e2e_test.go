@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -217,9 +218,17 @@ type watchdogProc struct {
 // test ends.
 func startWatchdog(t *testing.T, args ...string) *watchdogProc {
 	t.Helper()
-	p := &watchdogProc{port: freePort(t), logs: &syncBuffer{}}
-	p.base = fmt.Sprintf("http://127.0.0.1:%d", p.port)
-	p.cmd = exec.Command(binary, append([]string{fmt.Sprintf("--web.listen-address=127.0.0.1:%d", p.port)}, args...)...)
+	return startWatchdogAt(t, "127.0.0.1", freePort(t), args...)
+}
+
+// startWatchdogAt is startWatchdog on host:port, as the sidecars of the
+// nodes of one instance each listen on their own node's address.
+func startWatchdogAt(t *testing.T, host string, port int, args ...string) *watchdogProc {
+	t.Helper()
+	p := &watchdogProc{port: port, logs: &syncBuffer{}}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	p.base = "http://" + addr
+	p.cmd = exec.Command(binary, append([]string{"--web.listen-address=" + addr}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
