@@ -1403,6 +1403,7 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	// neither (SGLang v0.5.18: disaggregation/nixl/conn.py,
 	// managers/scheduler.py, disaggregation/common/conn.py).
 	queues := s.opts.LeverEra != LeversNIXLMid2025
+	mid2025 := !queues
 	srv := pluginapi.Server{PID: r.pid, DPRank: r.dp, PPRank: r.pp, TPRank: 0,
 		DisaggregationMode: "prefill", TransferBackend: s.opts.Backend,
 		SGLangVersion: eraVersion[s.opts.Era], Levers: levers, LeverNote: note, PPSize: s.opts.PPSize}
@@ -1411,7 +1412,7 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 	}
 	// transfer_in_flight below is read from that count exactly where it
 	// exists, so the listing can say a false proves no chunk in flight.
-	tracking := queues && !s.opts.UntrackedTransfers
+	tracking := s.tracksTransfers()
 	srv.TransferTracking = &tracking
 	// Every rank of the attention-TP group sends; the leader reads its own
 	// manager and every peer it watches (docs/plugin-api.md, round 5).
@@ -1481,8 +1482,16 @@ func (r *rank) listing(s *Sim, now time.Time) pluginapi.Listing {
 		if q.fake {
 			progress = -1
 		}
+		poll := sd.local
+		if mid2025 && !q.fake && poll == pollSuccess {
+			// Once sent, mid-2025 NIXL's poll() reads its transfer handles
+			// through the NIXL agent, which only SGLang's pass calls: the
+			// plugin lists WaitingForInput (observe.py), which shows where
+			// another TP rank still holds the room.
+			poll = pollWaitingForInput
+		}
 		rm := pluginapi.Room{
-			RID: q.rid, BootstrapRoom: q.room, BootstrapAddr: q.addr, Poll: sd.local.String(),
+			RID: q.rid, BootstrapRoom: q.room, BootstrapAddr: q.addr, Poll: poll.String(),
 			AgeSeconds: now.Sub(q.entered).Seconds(), PromptTokens: q.prompt, Progress: progress,
 			SendFailed: nixl && !q.fake && sd.sendFailed, HealthCheck: q.healthCheck(),
 		}
@@ -1556,7 +1565,10 @@ func (r *rank) sentElsewhere(s *Sim, q *request) bool {
 // leader's plugin reads: all but the last Options.TPUnwatched, none in
 // the leader-only view.
 func (r *rank) watchedPeers(s *Sim) []*xfer {
-	if s.opts.LeaderOnlyView {
+	if s.opts.LeaderOnlyView || !s.tracksTransfers() {
+		// Where no manager keeps the count a peer publishes nothing to
+		// read (v0.5.11: neither Mooncake's nor mid-2025 NIXL's manager
+		// has _staging_outstanding).
 		return nil
 	}
 	return r.peers[:len(r.peers)-s.opts.TPUnwatched]
@@ -1571,14 +1583,18 @@ func (r *rank) unwatchedPeers(s *Sim) []string {
 		return nil
 	}
 	first := 1 + len(r.watchedPeers(s))
-	if s.opts.LeverEra == LeversNIXLMid2025 {
-		first = 1
-	}
 	var names []string
 	for tp := first; tp < s.opts.AttnTP; tp++ {
 		names = append(names, peerName(tp))
 	}
 	return names
+}
+
+// tracksTransfers tells whether the prefill KV managers count each room's
+// outstanding chunks (_staging_outstanding), which the plugin reads on its
+// own rank and the peers publish.
+func (s *Sim) tracksTransfers() bool {
+	return s.opts.LeverEra != LeversNIXLMid2025 && !s.opts.UntrackedTransfers
 }
 
 // peerName is the plugin's name of attention-TP rank tp (no context
