@@ -574,7 +574,7 @@ DEFERRED_RELEASE_TIMEOUT_S = 30.0
 WAITING_TIMEOUT_S = 300.0
 
 
-PREFILL_RANK_IP, PREFILL_RANK_PORT = "10.0.1.8", 40001
+PREFILL_RANK_PORT = 40001
 
 
 class PrefillPeer:
@@ -711,8 +711,10 @@ class CommonKVReceiver(_RecordedWrites):
         self.__conclude_state = status  # poll()'s own latching is not a lever write
 
     def init(self, prefill_dp_rank=0):
-        # What the bootstrap server's /route answers, as decode keeps it (one prefill rank here).
-        self.bootstrap_infos = [{"peer": self.peer, "rank_ip": PREFILL_RANK_IP, "rank_port": PREFILL_RANK_PORT}]
+        # What the bootstrap server's /route answers, as decode keeps it: one prefill rank, on the bootstrap
+        # server's host.
+        host = self.bootstrap_addr.rsplit(":", 1)[0]
+        self.bootstrap_infos = [{"peer": self.peer, "rank_ip": host, "rank_port": PREFILL_RANK_PORT}]
         self.kv_mgr.update_status(self.bootstrap_room, KVPoll.WaitingForInput)
 
     def send_metadata(self, *args, **kwargs):

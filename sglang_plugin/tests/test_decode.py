@@ -101,7 +101,7 @@ class DecodeTest(unittest.TestCase):
         self.assertTrue(rows["warmup-1"]["health_check"])  # fake host without the rid prefix
         self.assertGreaterEqual(waiting["age_seconds"], 0)
         # The prefill rank the receiver fetched from the bootstrap server; none before its handshake.
-        self.assertEqual(live["prefill_rank_addrs"], [f"{standins.PREFILL_RANK_IP}:{standins.PREFILL_RANK_PORT}"])
+        self.assertEqual(live["prefill_rank_addrs"], [f"10.0.0.7:{standins.PREFILL_RANK_PORT}"])
         self.assertIsNone(waiting["prefill_rank_addrs"])
         self.assertIsNone(health["prefill_rank_addrs"])
 
