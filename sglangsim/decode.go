@@ -247,6 +247,15 @@ func (s *Sim) decodeLevers() ([]string, string) {
 	return []string{pluginapi.LeverAbort}, ""
 }
 
+// bootstrapHost is the host of a bootstrap_addr ("host:port"), or the
+// whole of it where it has no port.
+func (s *Sim) bootstrapHost(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
 // decodeRankOf binds a decode endpoint to a decode DP rank.
 func (s *Sim) decodeRankOf(port int) int {
 	for i, p := range s.opts.DecodePorts {
@@ -816,9 +825,13 @@ func (dr *drank) listing(s *Sim, now time.Time) pluginapi.Listing {
 			}
 		}
 		r.TransferStarted = ptrTo(d.transferStarted())
-		if len(s.opts.RankHosts) > 0 && !d.fake && d.g != nil {
+		if !d.fake && d.g != nil {
 			for _, st := range d.g.stages {
-				r.PrefillRankAddrs = append(r.PrefillRankAddrs, net.JoinHostPort(s.opts.RankHosts[st.idx], strconv.Itoa(KVRankPort(st.idx))))
+				host := s.bootstrapHost(d.addr)
+				if len(s.opts.RankHosts) > 0 {
+					host = s.opts.RankHosts[st.idx]
+				}
+				r.PrefillRankAddrs = append(r.PrefillRankAddrs, net.JoinHostPort(host, strconv.Itoa(KVRankPort(st.idx))))
 			}
 		}
 		l.DecodeRequests = append(l.DecodeRequests, r)

@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// With RankHosts, decode names every PP stage of the request's prefill DP
-// rank on its node; without, nothing (a plugin predating the field).
+// Decode names every PP stage of the request's prefill DP rank on its
+// node: RankHosts', or without them the bootstrap host's, as SGLang's
+// receiver gets them from a one-node instance's bootstrap server.
 func TestDecodeListsPrefillRankAddrs(t *testing.T) {
 	for _, hosts := range [][]string{nil, {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"}} {
 		s, c := newSim(t, Options{DPSize: 2, PPSize: 2, RankHosts: hosts})
@@ -26,7 +27,7 @@ func TestDecodeListsPrefillRankAddrs(t *testing.T) {
 		if !found {
 			t.Fatalf("%v: request %s not listed on decode", hosts, rid)
 		}
-		var want []string
+		want := []string{"10.0.0.7:40002", "10.0.0.7:40003"}
 		if hosts != nil {
 			want = []string{"127.0.0.2:40002", "127.0.0.2:40003"}
 		}

@@ -175,8 +175,9 @@ type Options struct {
 	// instance on several nodes (ListenNode). With it, decode lists each
 	// normal request's prefill_rank_addrs: "<host>:<KVRankPort(i)>" of
 	// every PP stage of its prefill DP rank, as SGLang's receiver gets
-	// them from the bootstrap server. Empty: not listed (a plugin that
-	// predates the field).
+	// them from the bootstrap server. Empty: every rank on the host of
+	// the request's bootstrap_addr (one node, where SGLang's bootstrap
+	// server and its prefill ranks share the host).
 	RankHosts []string
 	// ArrivalRate is healthy traffic in requests per simulated second over
 	// all DP ranks (Poisson); 0 = none.
