@@ -165,7 +165,7 @@ func layout() []rowSpec {
 			},
 			{
 				kind: kindStat, title: "Force-fail mode", width: 4, height: 4, showName: true, unit: "none",
-				description: "The watchdog's --force-fail.mode: off, dry-run or auto.",
+				description: "The force-fail mode in force: off, dry-run or auto (--force-fail.mode, or --force-fail.mode-file while it holds a mode).",
 				targets: []target{{
 					expr: wd("sglang_watchdog_force_fail_mode") + " == 1", legend: "{{mode}}",
 				}},
@@ -329,6 +329,16 @@ func layout() []rowSpec {
 						expr:   "sum by (reason) (" + increase(wd("sglang_watchdog_alert_webhook_refusals_total")) + ")",
 						legend: "refused: {{reason}}", needs: NeedsWebhook,
 					},
+				},
+			},
+			{
+				kind: kindTimeseries, title: "Modes in force and their switches", width: 24, height: 6, unit: "short",
+				description: "The force-fail and restart modes in force (1 on the mode's line), which --force-fail.mode-file switches at run time without a restart, and per interval the switches and the reads of a mode file whose content is not off, dry-run or auto (the modes then stay as they were).",
+				targets: []target{
+					{expr: "max by (instance, mode) (" + wd("sglang_watchdog_force_fail_mode") + ")", legend: "force-fail {{mode}} {{instance}}"},
+					{expr: "max by (instance, mode) (" + wd("sglang_watchdog_restart_mode") + ")", legend: "restart {{mode}} {{instance}}"},
+					{expr: "sum by (instance) (" + increase(wd("sglang_watchdog_mode_changes_total")) + ")", legend: "switches {{instance}}"},
+					{expr: "sum by (instance) (" + increase(wd("sglang_watchdog_mode_file_errors_total")) + ")", legend: "mode file errors {{instance}}"},
 				},
 			},
 		}},
