@@ -305,11 +305,12 @@ Deployment runs one node. Call with (dict "name" <role> "r" <role values>). */}}
 {{- end -}}
 
 {{/* The sidecar's resources, with limits.memory from sidecar.maxRooms
-(values.yaml: (17 MiB + maxRooms x 2 KiB) x 1.25), or the user's limit
-checked against 17 MiB + maxRooms x 2 KiB. */}}
+(32 MiB + maxRooms x 2 KiB, the watchdog's own rule: internal/memlimit
+ForRooms, below which it warns at start), or the user's limit checked
+against it. */}}
 {{- define "sglang-watchdog.resources" -}}
 {{- $s := .Values.sidecar -}}
-{{- $needKiB := add (mul 17 1024) (mul (int $s.maxRooms) 2) -}}
+{{- $needKiB := add (mul 32 1024) (mul (int $s.maxRooms) 2) -}}
 {{- $res := deepCopy ($s.resources | default dict) -}}
 {{- $limits := $res.limits | default dict -}}
 {{- if $limits.memory -}}
@@ -320,10 +321,10 @@ checked against 17 MiB + maxRooms x 2 KiB. */}}
 {{- $mi := int (trimSuffix "Mi" (trimSuffix "Gi" $m)) -}}
 {{- if hasSuffix "Gi" $m -}}{{- $mi = mul $mi 1024 -}}{{- end -}}
 {{- if lt (mul $mi 1024) $needKiB -}}
-{{- fail (printf "sidecar.resources.limits.memory %s is below what %d rooms take (17 MiB + %d x 2 KiB = %d MiB; BENCHMARKS.md, Footprint): raise it, lower sidecar.maxRooms, or leave it out and the chart sizes it" $m (int $s.maxRooms) (int $s.maxRooms) (div (add $needKiB 1023) 1024)) -}}
+{{- fail (printf "sidecar.resources.limits.memory %s is below what %d rooms take (32 MiB + %d x 2 KiB = %d MiB; BENCHMARKS.md, Footprint): raise it, lower sidecar.maxRooms, or leave it out and the chart sizes it" $m (int $s.maxRooms) (int $s.maxRooms) (div (add $needKiB 1023) 1024)) -}}
 {{- end -}}
 {{- else -}}
-{{- $_ := set $limits "memory" (printf "%dMi" (div (add (div (mul $needKiB 5) 4) 1023) 1024)) -}}
+{{- $_ := set $limits "memory" (printf "%dMi" (div (add $needKiB 1023) 1024)) -}}
 {{- end -}}
 {{- $_ := set $res "limits" $limits -}}
 {{- toYaml $res -}}
