@@ -11,7 +11,10 @@ alone, and no failure here may break interpreter start or SGLang.
 
 Where SGLang's plugin framework exists and this package's entry point is
 installed, the framework loads the hook instead (honouring SGLANG_PLUGINS),
-so the method is never wrapped twice.
+so the method is never wrapped twice. A SGLANG_PLUGINS whitelist that does
+not name sglang_watchdog keeps the framework from loading it; this loader
+honours that too, and says so on SGLang's log, since the sidecar then finds
+no plugin.
 """
 
 import sys
@@ -65,7 +68,15 @@ class _HookingLoader:
     def exec_module(self, module):
         self._loader.exec_module(module)
         try:
-            if not _plugin_framework_loads_us():
+            framework = _plugin_framework()
+            if framework == _EXCLUDED:
+                import logging
+
+                logging.getLogger("sglang_watchdog_plugin").warning(
+                    "SGLANG_PLUGINS=%s does not name sglang_watchdog, so SGLang's plugin framework skips the "
+                    "sglang-watchdog plugin and %s runs without it: add sglang_watchdog to SGLANG_PLUGINS, or "
+                    "unset it to load every installed plugin", _whitelist_text(), module.__name__)
+            elif framework == _ABSENT:
                 from .hook import install
 
                 mixin, methods, required = _TARGETS[module.__name__]
@@ -81,13 +92,28 @@ class _HookingLoader:
             )
 
 
-def _plugin_framework_loads_us():
+_ABSENT, _LOADS, _EXCLUDED = "absent", "loads", "excluded"
+
+
+def _plugin_framework():
+    """Whether SGLang's plugin framework loads this plugin: _LOADS, _EXCLUDED (its SGLANG_PLUGINS
+    whitelist leaves it out, as sglang/srt/plugins/__init__.py reads it in v0.5.18) or _ABSENT (no
+    framework, or our entry point is not installed: this loader hooks instead)."""
     import importlib.util
     from importlib.metadata import entry_points
 
     if importlib.util.find_spec("sglang.srt.plugins") is None:
-        return False
-    return any(ep.name == "sglang_watchdog" for ep in entry_points(group="sglang.srt.plugins"))
+        return _ABSENT
+    if not any(ep.name == "sglang_watchdog" for ep in entry_points(group="sglang.srt.plugins")):
+        return _ABSENT
+    allowed = {name.strip() for name in _whitelist_text().split(",") if name.strip()}
+    return _EXCLUDED if allowed and "sglang_watchdog" not in allowed else _LOADS
+
+
+def _whitelist_text():
+    import os
+
+    return os.environ.get("SGLANG_PLUGINS", "")
 
 
 if not any(isinstance(finder, _DisaggregationFinder) for finder in sys.meta_path):

@@ -77,8 +77,9 @@ class AutoloadTest(unittest.TestCase):
         with open(path, "w") as f:
             f.write(textwrap.dedent(text))
 
-    def probe(self, mode):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([PLUGIN_ROOT, os.path.join(self.root, "pkgs")]))
+    def probe(self, mode, **extra_env):
+        env = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
+        env.update(PYTHONPATH=os.pathsep.join([PLUGIN_ROOT, os.path.join(self.root, "pkgs")]), **extra_env)
         done = subprocess.run([sys.executable, "-c", PROBE, self.site, mode], env=env, capture_output=True,
                               timeout=60, check=True)
         return json.loads(done.stdout), done.stderr.decode()
@@ -105,15 +106,30 @@ class AutoloadTest(unittest.TestCase):
         self.assertEqual(report["pp_hooked"], [])
         self.assertNotIn("could not hook", stderr)
 
-    def test_defers_to_the_plugin_framework(self):
+    def install_entry_point(self):
         self.write("sglang/srt/plugins/__init__.py", "")
         self.write("sglang_watchdog_plugin-0.1.0.dist-info/METADATA",
                    "Metadata-Version: 2.1\nName: sglang-watchdog-plugin\nVersion: 0.1.0\n")
         self.write("sglang_watchdog_plugin-0.1.0.dist-info/entry_points.txt",
                    "[sglang.srt.plugins]\nsglang_watchdog = sglang_watchdog_plugin:register\n")
-        report, _ = self.probe("import")
+
+    def test_defers_to_the_plugin_framework(self):
+        self.install_entry_point()
+        for whitelist in (None, "other_plugin, sglang_watchdog"):
+            extra = {} if whitelist is None else {"SGLANG_PLUGINS": whitelist}
+            report, stderr = self.probe("import", **extra)
+            self.assertFalse(report["hooked"], whitelist)
+            self.assertFalse(report["decode_hooked"], whitelist)
+            self.assertNotIn("does not name sglang_watchdog", stderr)
+
+    def test_a_whitelist_without_us_is_honoured_and_said(self):
+        # The framework skips us; hooking here would override the operator's whitelist, and
+        # saying nothing would leave the sidecar facing a plugin that never listens.
+        self.install_entry_point()
+        report, stderr = self.probe("import", SGLANG_PLUGINS="other_plugin")
         self.assertFalse(report["hooked"])
         self.assertFalse(report["decode_hooked"])
+        self.assertIn("SGLANG_PLUGINS=other_plugin does not name sglang_watchdog", stderr)
 
     def test_a_changed_sglang_is_not_broken(self):
         self.write("sglang/srt/disaggregation/prefill.py", "VALUE = 1\n")
