@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,22 +20,7 @@ import (
 // prefill handle) and one whose transfer completes; the scenes compare the
 // listing, the decode lever's answers without and with prefill_stopped,
 // and the listing after SGLang's next pass.
-func TestSimulatorParityDecodeFieldByField(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts SGLang's own code")
-	}
-	for _, c := range fieldCases {
-		src := sglangSource(t, c.release)
-		d := &fieldDiffs{c: c}
-		t.Run(strings.TrimPrefix(c.release, "sglang-")+"/"+c.backend, func(t *testing.T) {
-			t.Parallel()
-			decodeFieldScenes(t, src, d)
-			for _, r := range d.rows {
-				t.Errorf("%s", r)
-			}
-		})
-	}
-}
+func TestSimulatorParityDecodeFieldByField(t *testing.T) { eachFieldCase(t, decodeFieldScenes) }
 
 // sameHost replaces a decode row's prefill_rank_addrs by whether each
 // address is on the host of its bootstrap_addr: the ports are the

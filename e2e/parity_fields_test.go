@@ -310,7 +310,11 @@ func (d *fieldDiffs) compareRows(scene string, real, sim map[string]any, rids ..
 	}
 }
 
-func TestSimulatorParityFieldByField(t *testing.T) {
+func TestSimulatorParityFieldByField(t *testing.T) { eachFieldCase(t, fieldScenes) }
+
+// eachFieldCase plays scenes on every case, in parallel, and reports each
+// difference they collect as an error.
+func eachFieldCase(t *testing.T, scenes func(t *testing.T, src string, d *fieldDiffs)) {
 	if testing.Short() {
 		t.Skip("starts SGLang's own code")
 	}
@@ -319,7 +323,7 @@ func TestSimulatorParityFieldByField(t *testing.T) {
 		d := &fieldDiffs{c: c}
 		t.Run(strings.TrimPrefix(c.release, "sglang-")+"/"+c.backend, func(t *testing.T) {
 			t.Parallel()
-			fieldScenes(t, src, d)
+			scenes(t, src, d)
 			for _, r := range d.rows {
 				t.Errorf("%s", r)
 			}

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,22 +18,7 @@ import (
 // Scenes: a healthy room in flight on both ranks, then a room whose rank 1
 // share hangs (a non-leader wedge: rank 0's share arrives), the leader's
 // force-fail of it, and the listing and counters after SGLang's pass.
-func TestSimulatorParityTP2FieldByField(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts SGLang's own code")
-	}
-	for _, c := range fieldCases {
-		src := sglangSource(t, c.release)
-		d := &fieldDiffs{c: c}
-		t.Run(strings.TrimPrefix(c.release, "sglang-")+"/"+c.backend, func(t *testing.T) {
-			t.Parallel()
-			tp2FieldScenes(t, src, d)
-			for _, r := range d.rows {
-				t.Errorf("%s", r)
-			}
-		})
-	}
-}
+func TestSimulatorParityTP2FieldByField(t *testing.T) { eachFieldCase(t, tp2FieldScenes) }
 
 func tp2FieldScenes(t *testing.T, src string, d *fieldDiffs) {
 	const token = "tp2-fields-token"

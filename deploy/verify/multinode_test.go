@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -40,20 +41,28 @@ func (in instance) String() string {
 
 // pluginPorts returns, per node, the ports the plugin opens there: the
 // schedulers placed as SGLang's engine.py places them, each judged by the
-// plugin's own identity.py and config.py (testdata/plugin_ports.py).
+// plugin's own identity.py and config.py (topology/testdata/plugin_ports.py,
+// the oracle the topology package is tested against too).
 func pluginPorts(t *testing.T, in instance) map[int][]int {
 	t.Helper()
-	arg, err := json.Marshal(in)
+	arg, err := json.Marshal([]map[string]any{{"nnodes": in.NNodes, "tp_size": in.TP, "dp_size": in.DP, "pp_size": in.PP,
+		"attn_cp_size": 1, "enable_dp_attention": in.DPAttention, "mode": "prefill", "base_port": in.BasePort}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := run("python3", "testdata/plugin_ports.py", repoPath("sglang_plugin"), string(arg))
+	cmd := exec.Command("python3", repoPath("topology/testdata/plugin_ports.py"), repoPath("sglang_plugin"))
+	cmd.Stdin = bytes.NewReader(arg)
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("plugin_ports.py: %v", err)
 	}
-	var byNode map[int][]int
-	if err := json.Unmarshal(out, &byNode); err != nil {
+	var instances [][][]int
+	if err := json.Unmarshal(out, &instances); err != nil || len(instances) != 1 {
 		t.Fatalf("plugin_ports.py: %v: %s", err, out)
+	}
+	byNode := map[int][]int{}
+	for node, ports := range instances[0] {
+		byNode[node] = ports
 	}
 	return byNode
 }

@@ -6,7 +6,9 @@ managers/data_parallel_controller.py launch_dp_schedulers and
 launch_tensor_parallel_group, layers/dp_attention.py
 compute_dp_attention_world_info); the plugin's own identify(),
 serves_listener and Config.port_for then decide whether and where it
-listens. argv[1] is the sglang_plugin directory.
+listens. argv[1] is the sglang_plugin directory. An instance's base_port is
+SGLANG_WATCHDOG_PLUGIN_PORT (default 28100). deploy/verify checks the Helm
+chart's sidecars against the same answer.
 """
 
 import json
@@ -44,9 +46,9 @@ def schedulers(a, node_rank):
 
 
 def main():
-    config = Config(base_port=28100)
     out = []
     for a in json.load(sys.stdin):
+        config = Config(base_port=a.get("base_port", 28100))
         nodes = []
         for node_rank in range(a["nnodes"]):
             ports = []
