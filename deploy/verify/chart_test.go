@@ -540,8 +540,8 @@ func TestChartRejectsBadValues(t *testing.T) {
 // TestChartPatchAppliesLikeKubectl applies each rendered sidecar patch the
 // way `kubectl patch --type=strategic` does to a plain SGLang Deployment
 // with settings of its own (an SGLANG_PLUGINS whitelist, another variable,
-// a service account without its token, a pull secret): the result runs the
-// sidecar and the plugin's settings, and keeps every one of them.
+// a service account whose token it mounts, a pull secret): the result runs
+// the sidecar and the plugin's settings, and keeps every one of them.
 func TestChartPatchAppliesLikeKubectl(t *testing.T) {
 	out, err := helmTemplate(t, "-f", chartCases[0].values(), "--set", "fullnameOverride=sglang-watchdog", "-s", "templates/sidecar-patch.yaml",
 		"--set", "imagePullSecrets[0].name=regcred")
@@ -560,20 +560,29 @@ func TestChartPatchAppliesLikeKubectl(t *testing.T) {
 	}
 }
 
-// patchPlainSGLang applies a strategic merge patch, as kubectl does, to
-// the SGLang Deployment of deploy/kubernetes without the watchdog, given
-// settings of its own that the patch must keep.
-func patchPlainSGLang(t *testing.T, role string, patch []byte) appsv1.Deployment {
+// plainSGLangWithOwnSettings returns the SGLang Deployment of
+// deploy/kubernetes without the watchdog, given settings of its own that a
+// patch must keep (checkKeepsWorkloadSettings).
+func plainSGLangWithOwnSettings(t *testing.T, role string) appsv1.Deployment {
 	t.Helper()
 	plain := plainSGLang(manifestDeployment(t, role))
 	spec := &plain.Spec.Template.Spec
-	no := false
-	spec.AutomountServiceAccountToken = &no
+	// The token mounted, against the manifests' false: a patch that sets
+	// either value shows.
+	yes := true
+	spec.AutomountServiceAccountToken = &yes
 	spec.ServiceAccountName = "sglang"
 	spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "sglang-registry"}}
 	spec.Containers[0].Env = append(spec.Containers[0].Env,
 		corev1.EnvVar{Name: "SGLANG_PLUGINS", Value: "my_plugin,sglang_watchdog"}, corev1.EnvVar{Name: "HF_HOME", Value: "/models"})
-	original, err := json.Marshal(plain)
+	return plain
+}
+
+// patchPlainSGLang applies a strategic merge patch, as kubectl does, to
+// plainSGLangWithOwnSettings.
+func patchPlainSGLang(t *testing.T, role string, patch []byte) appsv1.Deployment {
+	t.Helper()
+	original, err := json.Marshal(plainSGLangWithOwnSettings(t, role))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -588,12 +597,12 @@ func patchPlainSGLang(t *testing.T, role string, patch []byte) appsv1.Deployment
 	return got
 }
 
-// checkKeepsWorkloadSettings checks what patchPlainSGLang gave the
-// Deployment is still there after the patch.
+// checkKeepsWorkloadSettings checks what plainSGLangWithOwnSettings gave
+// the Deployment is still there after the patch.
 func checkKeepsWorkloadSettings(t *testing.T, name string, d appsv1.Deployment) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken || spec.ServiceAccountName != "sglang" {
+	if spec.AutomountServiceAccountToken == nil || !*spec.AutomountServiceAccountToken || spec.ServiceAccountName != "sglang" {
 		t.Errorf("%s: the workload's service-account settings changed: automount %v, account %q", name, spec.AutomountServiceAccountToken, spec.ServiceAccountName)
 	}
 	if len(spec.Containers) != 1 {

@@ -19,12 +19,11 @@ const componentRel = "deploy/kustomize/sglang-watchdog"
 
 // plainSGLang returns a manifest Deployment with everything the watchdog
 // adds taken out: what a user's SGLang Deployment looks like before the
-// component.
+// component. Its automountServiceAccountToken stays: the workload's own.
 func plainSGLang(dep appsv1.Deployment) appsv1.Deployment {
 	out := *dep.DeepCopy()
 	spec := &out.Spec.Template.Spec
 	spec.InitContainers = nil
-	spec.AutomountServiceAccountToken = nil
 	var vols []corev1.Volume
 	for _, v := range spec.Volumes {
 		if v.Name != "watchdog-token" {
@@ -192,13 +191,38 @@ secretGenerator:
 		if a, b := asJSON(t, sortedMounts(got)), asJSON(t, sortedMounts(w)); a != b {
 			t.Errorf("%s: the component's result differs from deploy/kubernetes:\ncomponent: %s\nmanifest:  %s", got.Name, a, b)
 		}
-		spec := got.Spec.Template.Spec
-		if _, ok := findSidecar(t, got.Name, spec); !ok {
-			t.Errorf("%s: no sidecar", got.Name)
-		}
-		if c, _ := findSidecar(t, got.Name, spec); len(flagValues(c.Args, "plugin.url")) > 0 && refs != 1 {
+		checkSidecar(t, got.Name, got.Spec.Template.Spec, sidecarWant{mode: "dry-run", ports: []int{28100, 28101}, secretName: "sglang-watchdog-plugin-token"})
+		if refs != 1 {
 			t.Errorf("%s: %d Secret volumes, want the token's", got.Name, refs)
 		}
+	}
+}
+
+// TestKustomizeComponentKeepsWorkloadSettings: the component, a strategic
+// merge patch like the chart's, keeps what the Deployments set themselves
+// (an SGLANG_PLUGINS whitelist, other env, service-account settings, pull
+// secrets).
+func TestKustomizeComponentKeepsWorkloadSettings(t *testing.T) {
+	resources := map[string]any{}
+	for _, role := range []string{"prefill", "decode"} {
+		resources[role+".yaml"] = plainSGLangWithOwnSettings(t, role)
+	}
+	out := buildWithComponent(t, `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [prefill.yaml, decode.yaml]
+components: [../component]
+`, resources)
+	docs, err := splitDocs("kustomize build", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := decodeAll(t, docs).deployments
+	if len(deps) != 2 {
+		t.Fatalf("want 2 Deployments, have %d", len(deps))
+	}
+	for _, d := range deps {
+		checkSidecar(t, d.Name, d.Spec.Template.Spec, sidecarWant{mode: "dry-run", ports: []int{28100, 28101}, secretName: "sglang-watchdog-plugin-token"})
+		checkKeepsWorkloadSettings(t, d.Name, d)
 	}
 }
 

@@ -1,6 +1,8 @@
 package verify
 
 import (
+	"errors"
+	"fmt"
 	"net/netip"
 	"path"
 	"reflect"
@@ -10,9 +12,12 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/sglang-watchdog/sglang-watchdog/deploy/kubernetes"
+	"github.com/sglang-watchdog/sglang-watchdog/internal/memlimit"
 	"github.com/sglang-watchdog/sglang-watchdog/loopback"
+	"github.com/sglang-watchdog/sglang-watchdog/watchdog"
 )
 
 // sidecarWant is what a pod's watchdog sidecar must run.
@@ -106,8 +111,8 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 		!reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 		t.Errorf("%s: the sidecar's securityContext is not locked down: %+v", name, sc)
 	}
-	if c.Resources.Limits.Memory().IsZero() {
-		t.Errorf("%s: the sidecar needs a memory limit", name)
+	if err := checkMemoryLimit(c); err != nil {
+		t.Errorf("%s: %v", name, err)
 	}
 	// The binary gives the Go runtime 90% of the cgroup memory limit
 	// (internal/memlimit); a GOMEMLIMIT in the environment would win, and
@@ -160,6 +165,57 @@ func checkSidecar(t *testing.T, name string, spec corev1.PodSpec, want sidecarWa
 		t.Errorf("%s: --plugin.token-file %q, want %s", name, tokenFile, kubernetes.TokenPath)
 	}
 	checkTokenMount(t, name, spec, c, want.secretName)
+}
+
+// checkMemoryLimit checks that the sidecar's memory limit holds every room
+// its --watchdog.max-rooms lets it track (memlimit.ForRooms, the rule the
+// binary warns by at start): below it, the sidecar is OOM-killed during the
+// wedge it is there for.
+func checkMemoryLimit(c corev1.Container) error {
+	limit := c.Resources.Limits.Memory()
+	if limit.IsZero() {
+		return errors.New("the sidecar needs a memory limit")
+	}
+	rooms := watchdog.DefaultMaxRooms
+	if v := flagValues(c.Args, "watchdog.max-rooms"); len(v) > 0 {
+		n, err := strconv.Atoi(v[len(v)-1])
+		if err != nil || n <= 0 {
+			return fmt.Errorf("--watchdog.max-rooms=%s: want a positive count", v[len(v)-1])
+		}
+		rooms = n
+	}
+	if need := memlimit.ForRooms(rooms); limit.Value() < need {
+		return fmt.Errorf("limits.memory %s is below the %d MiB that %d rooms need (memlimit.ForRooms: %d MiB + %d KiB a room)",
+			limit, (need+1<<20-1)>>20, rooms, memlimit.BaseBytes>>20, memlimit.RoomBytes>>10)
+	}
+	return nil
+}
+
+// TestMemoryLimitFitsTheRooms: the limit must hold --watchdog.max-rooms
+// rooms, the default 100000 when the flag is absent.
+func TestMemoryLimitFitsTheRooms(t *testing.T) {
+	for _, tc := range []struct {
+		limit string
+		args  []string
+		ok    bool
+	}{
+		{"", nil, false},
+		{"64Mi", nil, false},
+		{"227Mi", nil, false},
+		{"228Mi", nil, true},
+		{"64Mi", []string{"--watchdog.max-rooms=16384"}, true},
+		{"64Mi", []string{"--watchdog.max-rooms=16385"}, false},
+		{"228Mi", []string{"--watchdog.max-rooms=200000"}, false},
+		{"1Gi", []string{"--watchdog.max-rooms=many"}, false},
+	} {
+		c := corev1.Container{Args: tc.args}
+		if tc.limit != "" {
+			c.Resources.Limits = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(tc.limit)}
+		}
+		if err := checkMemoryLimit(c); (err == nil) != tc.ok {
+			t.Errorf("limit %q, args %q: %v, want ok=%v", tc.limit, tc.args, err, tc.ok)
+		}
+	}
 }
 
 // checkTokenMount checks that the token Secret is mounted read-only at the
