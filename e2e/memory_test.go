@@ -19,8 +19,10 @@ import (
 	"github.com/sglang-watchdog/sglang-watchdog/pluginapi"
 )
 
-// sidecarMemoryLimit is limits.memory of the watchdog sidecar in
-// deploy/kubernetes; the binary gives the Go runtime memlimit.Ratio of it.
+// sidecarMemoryLimit is a small sidecar's limits.memory: 64 MiB, what the
+// sizing rule gives 16,384 rooms (memlimit.RoomsFor; the manifests give
+// 228 MiB for the default 100,000). The bodies' caps must fit it too. The
+// binary gives the Go runtime memlimit.Ratio of it.
 const sidecarMemoryLimit = 64 << 20
 
 // peakRSS reads VmHWM (peak resident set) of a process, in bytes.
@@ -76,8 +78,8 @@ func bigListing(dp int) []byte {
 // the watchdog's own caps (collector.DefaultMaxMetricsBytes of /metrics
 // made only of watched lines, pluginapi.DefaultMaxBodyBytes per listing,
 // two ranks as in the manifests), and reads its peak RSS. With 32 MiB and
-// 16 MiB the caps are far above what the Kubernetes manifests give the
-// sidecar (64 MiB): such a body gets the sidecar OOM-killed, and a
+// 16 MiB the caps were far above a 64 MiB sidecar: such a body gets the
+// sidecar OOM-killed, and a
 // crash-looping watchdog watches nothing.
 func TestBinaryStaysUnderItsMemoryLimit(t *testing.T) {
 	bin := binary

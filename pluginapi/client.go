@@ -16,7 +16,8 @@ import (
 
 // DefaultMaxBodyBytes caps a listing body: about 8k rooms, far more than
 // a real inflight queue holds, and small enough that two full listings and
-// a full /metrics fit the sidecar's 64 MiB (docs/hardening.md).
+// a full /metrics fit a sidecar of 64 MiB, the smallest the sizing rule
+// gives (docs/hardening.md).
 const DefaultMaxBodyBytes = 2 << 20
 
 // directTransport is http.DefaultTransport without a proxy from the
