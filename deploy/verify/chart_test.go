@@ -472,19 +472,6 @@ func TestChartWithoutTheOperatorCRDs(t *testing.T) {
 	}
 }
 
-// filterVolumes returns the volumes of all that are named in like.
-func filterVolumes(all, like []corev1.Volume) []corev1.Volume {
-	var out []corev1.Volume
-	for _, v := range all {
-		for _, l := range like {
-			if v.Name == l.Name {
-				out = append(out, v)
-			}
-		}
-	}
-	return out
-}
-
 func TestChartRejectsBadValues(t *testing.T) {
 	dir := t.TempDir()
 	// Each case over the ci defaults, which set the token (but for "no token").

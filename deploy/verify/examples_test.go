@@ -287,9 +287,3 @@ func containsArg(args []string, a string) bool {
 	}
 	return false
 }
-
-func findArgs(t *testing.T, name string, spec corev1.PodSpec) []string {
-	t.Helper()
-	c, _ := findSidecar(t, name, spec)
-	return c.Args
-}
