@@ -96,6 +96,13 @@ class _Tp2(aftermath.Checked):
             self.assertEqual(self.outstanding(0, room), 0, "rank 0 sent everything, yet its manager counts a chunk")
             # The leader knows of rank 1's chunk once rank 1 published it (every 0.25 s): an order that comes
             # before meets a room whose chunks look all sent, as a watchdog's first try may (it tries again).
+            # The listing alone does not prove the file: until its next re-read, the leader's own snapshot
+            # may still count rank 0's chunk in flight. So the file itself, then the listing.
+            def published_in_flight():
+                with open(self.group.publisher.path) as f:
+                    return json.load(f).get("in_flight", {}).get(str(room), 0) > 0
+
+            _until(published_in_flight, _WAIT_S, "rank 1 to publish its hung chunk")
             self.eventually(lambda l: any(r["bootstrap_room"] == room and r["transfer_in_flight"]
                                           for r in l["inflight"]),
                             "the leader to list the room in flight")
