@@ -385,6 +385,11 @@ class _Inferred(aftermath.Checked):
         _staging_handler().handle_staging_rsp(
             [b"STAGING_RSP", *(str(v).encode() for v in (link.room, 0, 0, 1, STAGING_RING_BYTES)), staged.key.encode()],
             mgr.transfer_infos)
+        # The first reading once the worker holds the chunk: before its first take the room reads
+        # WaitingForInput, after it Transferring (NIXL writes it as its worker takes a chunk), which is no move.
+        _until(lambda: ((bench.worker(queue) or {}).get("in_flight") or {}).get("bootstrap_room") == link.room
+               and (bench.listed(req.rid) or {}).get("transfer_in_flight"), 10,
+               "the worker to take the staged chunk and the plugin to list it")
         first = bench.worker(queue)
         row = bench.listed(req.rid)
         time.sleep(WATCH_SECONDS)
