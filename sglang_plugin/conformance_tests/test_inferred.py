@@ -406,10 +406,12 @@ class _Inferred(aftermath.Checked):
         # A wedge order on the chunk the worker holds: void at the next take, a millisecond on.
         held = bench.worker(queue)["in_flight"]["chunk"]
         status, body = bench.wedge_order(queue, held)
-        time.sleep(0.1)
-        listing = bench.listing()
-        self.assertEqual(listing["wedge_orders"], [], (status, body))
-        self.assertGreater(listing["transfer_workers"][queue]["in_flight"]["chunk"], held)
+
+        def voided():
+            listing = bench.listing()
+            return listing["wedge_orders"] == [] and listing["transfer_workers"][queue]["in_flight"]["chunk"] > held
+
+        _until(voided, 5, f"the wedge order to be void once the worker takes the chunk again ({status} {body})")
         self.assertTrue(bench.queued(req.rid), "the order failed the room")
         print(f"\nconformance: staging: queue {queue} took {later['chunks_taken'] - first['chunks_taken']} chunks "
               f"in {WATCH_SECONDS}s, all room {link.room}; wedge order on chunk {held}: {status} {body.get('result')} "
