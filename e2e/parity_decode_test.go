@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"net"
 	"net/http/httptest"
@@ -73,12 +72,7 @@ func decodeFieldScenes(t *testing.T, src string, d *fieldDiffs) {
 		"hang":     {Behavior: sglangsim.BehaviorPinStuckHandle, FreezeAt: -1},
 		"complete": {Behavior: sglangsim.BehaviorHealthy, Transfer: 10 * time.Millisecond, Chunks: 1},
 	}
-	simSide.admit = func(t *testing.T, rid string, room uint64, behaviour string) {
-		t.Helper()
-		spec := specs[behaviour]
-		spec.RID, spec.Room, spec.PromptTokens = rid, room, 4
-		sim.Submit(spec)
-	}
+	simSide.admit = simAdmit(sim, specs, 0)
 	decodeRow := func(l map[string]any, rid string) map[string]any { return entry(l, "decode_requests", "rid", rid) }
 	listed := func(s *fieldSide, rid string) bool { return decodeRow(s.listing(t), rid) != nil }
 	compare := func(scene string, rids ...string) {
@@ -132,38 +126,22 @@ func decodeFieldScenes(t *testing.T, src string, d *fieldDiffs) {
 
 	// Scene 3: the decode lever on the hung request, first without
 	// prefill_stopped (its transfer started: refused), then with it.
-	answers, statuses := map[string]any{}, map[string]int{}
-	lever := func(scene string, req pluginapi.ForceFailRequest) {
-		t.Helper()
-		for _, s := range []*fieldSide{real, simSide} {
-			status, resp, err := s.client.ForceFail(context.Background(), req)
-			if err != nil {
-				t.Fatalf("%s: force-fail: %v", s.name, err)
-			}
-			answers[s.name], statuses[s.name] = asMap(resp), status
-		}
-		if statuses[real.name] != statuses[simSide.name] {
-			d.add(scene, "HTTP status", statuses[real.name], statuses[simSide.name])
-		}
-		d.diff(scene, "answer", answers[real.name], answers[simSide.name])
-	}
 	// On SGLang's own code the scenes must show what they are for: a
 	// started transfer refused without prefill_stopped, released with it.
-	realAnswer := func(scene string, status int, result string) {
+	lever := func(scene string, req pluginapi.ForceFailRequest, wantStatus int, wantResult string) {
 		t.Helper()
-		got, _ := answers[real.name].(map[string]any)
-		if statuses[real.name] != status || got["result"] != result {
-			t.Errorf("%s: SGLang's own code answered %d %v, want %d %s", scene, statuses[real.name], got["result"], status, result)
+		status, answer := d.forceFail(t, scene, real, simSide, req)
+		if wantStatus != 0 && (status != wantStatus || answer["result"] != wantResult) {
+			t.Errorf("%s: SGLang's own code answered %d %v, want %d %s", scene, status, answer["result"], wantStatus, wantResult)
 		}
 	}
 	room := uint64(9101)
-	lever("decode lever, prefill not stopped", pluginapi.ForceFailRequest{RID: "hung", BootstrapRoom: &room, Reason: "parity"})
-	realAnswer("decode lever, prefill not stopped", 409, pluginapi.ResultTransferLive)
+	lever("decode lever, prefill not stopped", pluginapi.ForceFailRequest{RID: "hung", BootstrapRoom: &room, Reason: "parity"},
+		409, pluginapi.ResultTransferLive)
 	lever("decode lever, dry run, prefill stopped", pluginapi.ForceFailRequest{RID: "hung", BootstrapRoom: &room, Reason: "parity",
-		PrefillStopped: true, DryRun: true})
+		PrefillStopped: true, DryRun: true}, 0, "")
 	lever("decode lever, prefill stopped", pluginapi.ForceFailRequest{RID: "hung", BootstrapRoom: &room, Reason: "parity",
-		PrefillStopped: true})
-	realAnswer("decode lever, prefill stopped", 200, pluginapi.ResultFlipped)
+		PrefillStopped: true}, 200, pluginapi.ResultFlipped)
 	time.Sleep(500 * time.Millisecond)
 	compare("after the decode lever", "hung")
 	if decodeRow(real.listing(t), "hung") != nil {

@@ -310,6 +310,36 @@ func (d *fieldDiffs) compareRows(scene string, real, sim map[string]any, rids ..
 	}
 }
 
+// forceFail posts req to both sides and records where their HTTP status
+// or answer differ; it returns SGLang's own status and answer.
+func (d *fieldDiffs) forceFail(t *testing.T, scene string, real, sim *fieldSide, req pluginapi.ForceFailRequest) (int, map[string]any) {
+	t.Helper()
+	statuses, answers := [2]int{}, [2]map[string]any{}
+	for i, s := range []*fieldSide{real, sim} {
+		status, resp, err := s.client.ForceFail(context.Background(), req)
+		if err != nil {
+			t.Fatalf("%s: force-fail: %v", s.name, err)
+		}
+		statuses[i], answers[i] = status, asMap(resp)
+	}
+	if statuses[0] != statuses[1] {
+		d.add(scene, "HTTP status", statuses[0], statuses[1])
+	}
+	d.diff(scene, "answer", answers[0], answers[1])
+	return statuses[0], answers[0]
+}
+
+// simAdmit admits requests to the simulator as the real-code server's
+// behaviours name them: specs by behaviour, every room bound for port.
+func simAdmit(sim *sglangsim.Sim, specs map[string]sglangsim.RequestSpec, port int) func(*testing.T, string, uint64, string) {
+	return func(t *testing.T, rid string, room uint64, behaviour string) {
+		t.Helper()
+		spec := specs[behaviour]
+		spec.RID, spec.Room, spec.DecodePort, spec.PromptTokens = rid, room, port, 4
+		sim.Submit(spec)
+	}
+}
+
 func TestSimulatorParityFieldByField(t *testing.T) { eachFieldCase(t, fieldScenes) }
 
 // eachFieldCase plays scenes on every case, in parallel, and reports each
@@ -369,12 +399,7 @@ func fieldScenes(t *testing.T, src string, d *fieldDiffs) {
 		"hang":     {Behavior: sglangsim.BehaviorPinStuckHandle, FreezeAt: -1},
 		"complete": {Behavior: sglangsim.BehaviorHealthy, Transfer: 10 * time.Millisecond, Chunks: 1},
 	}
-	simSide.admit = func(t *testing.T, rid string, room uint64, behaviour string) {
-		t.Helper()
-		spec := specs[behaviour]
-		spec.RID, spec.Room, spec.DecodePort, spec.PromptTokens = rid, room, port, 4
-		sim.Submit(spec)
-	}
+	simSide.admit = simAdmit(sim, specs, port)
 	simSide.admit(t, "healthy", 9001, "slow:1.5")
 	listed := func(s *fieldSide, rid string) bool { return row(s.listing(t), rid) != nil }
 
@@ -418,21 +443,8 @@ func fieldScenes(t *testing.T, src string, d *fieldDiffs) {
 	d.diff(scene, "wedge_orders", rl["wedge_orders"], sl["wedge_orders"])
 	rw, sw := worker(rl, float64(queue)), worker(sl, float64(queue))
 
-	scene = "force-fail of the stuck handle"
-	answers := map[string]any{}
-	statuses := map[string]int{}
-	for _, s := range []*fieldSide{real, simSide} {
-		room := uint64(9002)
-		status, resp, err := s.client.ForceFail(context.Background(), pluginapi.ForceFailRequest{RID: "hung", BootstrapRoom: &room, Reason: "parity"})
-		if err != nil {
-			t.Fatalf("%s: force-fail: %v", s.name, err)
-		}
-		answers[s.name], statuses[s.name] = asMap(resp), status
-	}
-	if statuses[real.name] != statuses[simSide.name] {
-		d.add(scene, "HTTP status", statuses[real.name], statuses[simSide.name])
-	}
-	d.diff(scene, "answer", answers[real.name], answers[simSide.name])
+	hungRoom := uint64(9002)
+	d.forceFail(t, "force-fail of the stuck handle", real, simSide, pluginapi.ForceFailRequest{RID: "hung", BootstrapRoom: &hungRoom, Reason: "parity"})
 	time.Sleep(1200 * time.Millisecond)
 	rl, sl = real.listing(t), simSide.listing(t)
 	scene = "after the force-fail"
@@ -460,6 +472,7 @@ func fieldScenes(t *testing.T, src string, d *fieldDiffs) {
 	failed := map[string][]string{}
 	order := func(scene string) {
 		t.Helper()
+		answers, statuses := map[string]any{}, map[string]int{}
 		for _, s := range []*fieldSide{real, simSide} {
 			status, resp, err := s.client.PostWedgeOrder(context.Background(), orders[s.name])
 			if err != nil {

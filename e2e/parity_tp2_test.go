@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -56,12 +55,7 @@ func tp2FieldScenes(t *testing.T, src string, d *fieldDiffs) {
 		"slow:1.5": {Behavior: sglangsim.BehaviorHealthy, Transfer: 1500 * time.Millisecond, Chunks: 1},
 		"wedge":    {Behavior: sglangsim.BehaviorPinStuckHandle, FreezeAt: -1, PinTPRanks: []int{1}, Transfer: 10 * time.Millisecond, Chunks: 1},
 	}
-	simSide.admit = func(t *testing.T, rid string, room uint64, behaviour string) {
-		t.Helper()
-		spec := specs[behaviour]
-		spec.RID, spec.Room, spec.DecodePort, spec.PromptTokens = rid, room, port, 4
-		sim.Submit(spec)
-	}
+	simSide.admit = simAdmit(sim, specs, port)
 	simSide.admit(t, "healthy", 9201, "slow:1.5")
 	listed := func(s *fieldSide, rid string) bool { return row(s.listing(t), rid) != nil }
 
@@ -96,20 +90,8 @@ func tp2FieldScenes(t *testing.T, src string, d *fieldDiffs) {
 	d.compareRows(scene, rl, sl, "wedge")
 	d.diff(scene, "queues", rl["queues"], sl["queues"])
 
-	scene = "TP2 force-fail of the non-leader wedge"
-	answers, statuses := map[string]any{}, map[string]int{}
-	for _, s := range []*fieldSide{real, simSide} {
-		room := uint64(9202)
-		status, resp, err := s.client.ForceFail(context.Background(), pluginapi.ForceFailRequest{RID: "wedge", BootstrapRoom: &room, Reason: "parity"})
-		if err != nil {
-			t.Fatalf("%s: force-fail: %v", s.name, err)
-		}
-		answers[s.name], statuses[s.name] = asMap(resp), status
-	}
-	if statuses[real.name] != statuses[simSide.name] {
-		d.add(scene, "HTTP status", statuses[real.name], statuses[simSide.name])
-	}
-	d.diff(scene, "answer", answers[real.name], answers[simSide.name])
+	wedgeRoom := uint64(9202)
+	d.forceFail(t, "TP2 force-fail of the non-leader wedge", real, simSide, pluginapi.ForceFailRequest{RID: "wedge", BootstrapRoom: &wedgeRoom, Reason: "parity"})
 	time.Sleep(1200 * time.Millisecond)
 	rl, sl = real.listing(t), simSide.listing(t)
 	scene = "TP2 after the force-fail"
